@@ -1,0 +1,2 @@
+//! The `gradwire` binary.
+fn main() {}

@@ -1,0 +1,159 @@
+//! gradwire-codec: gradient compression, f32 <-> bytes. Pure: no I/O, no threads, no globals.
+//!
+//! This layer owns the codecs of the seed papers (1-bit SGD, Strom's threshold quantization,
+//! Dryden's adaptive quantization, top-k gradient dropping, QSGD, TernGrad, DGC, and a few
+//! later ones), their wire formats, error feedback, and the spec strings that name them
+//! (`topk:ratio=0.01`, `qsgd:bits=4,bucket=512`). It must never know about ranks' sockets,
+//! collectives or models: a codec sees a flat `&[f32]` gradient and produces bytes.
+//!
+//! Every payload starts with a [`Header`] (magic, version, codec id, element count), so a
+//! decoder refuses what is not its own; every decoder is total: malformed input gives a
+//! [`DecodeError`], never a panic, and never allocates more than the accumulator.
+#![deny(missing_docs)]
+
+mod header;
+mod params;
+
+pub use header::{CodecId, Header, HEADER_LEN, MAGIC, VERSION};
+pub use params::{ConfigError, Params};
+
+/// Where a codec runs: enough to seed its RNG and know its tensors' boundaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildContext {
+    /// The run's seed; stochastic codecs derive their RNG from (seed, rank, step).
+    pub seed: u64,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Element counts of the tensors packed, in order, into the flat gradient
+    /// (their sum is the gradient's length). Empty means one tensor.
+    pub layout: Vec<usize>,
+}
+
+impl BuildContext {
+    /// A context for a single tensor on rank 0 of 1.
+    pub fn single(seed: u64) -> Self {
+        BuildContext {
+            seed,
+            rank: 0,
+            world_size: 1,
+            layout: Vec::new(),
+        }
+    }
+}
+
+/// Why a payload could not be decoded. Every decoder returns one of these for bad input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Shorter than the header, or than what the header announces.
+    #[error("payload truncated: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Longer than the header announces.
+    #[error("payload has {extra} trailing bytes")]
+    TrailingBytes {
+        /// Bytes after the announced end.
+        extra: usize,
+    },
+    /// The magic number is not gradwire's.
+    #[error("bad magic {found:#06x} (not a gradwire payload)")]
+    BadMagic {
+        /// What was found.
+        found: u16,
+    },
+    /// A wire-format version this build does not read.
+    #[error("unsupported payload version {found}")]
+    BadVersion {
+        /// What was found.
+        found: u8,
+    },
+    /// The payload was made by another codec.
+    #[error("payload of codec {found} given to the {expected} decoder")]
+    WrongCodec {
+        /// The decoder's codec.
+        expected: CodecId,
+        /// The payload's codec id byte.
+        found: u8,
+    },
+    /// The element count differs from the accumulator's length.
+    #[error("payload holds {found} elements, accumulator has {expected}")]
+    LengthMismatch {
+        /// The accumulator's length.
+        expected: usize,
+        /// The header's element count.
+        found: u64,
+    },
+    /// An index points outside the tensor.
+    #[error("index {index} out of range for {len} elements")]
+    IndexOutOfRange {
+        /// The bad index.
+        index: u64,
+        /// The tensor length.
+        len: usize,
+    },
+    /// A field holds an impossible value (a NaN scale, zero levels, a bad count, ...).
+    #[error("invalid field {field}: {reason}")]
+    InvalidField {
+        /// The field's name.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// A gradient compressor. `encode` writes one payload (header included) into a reusable
+/// buffer; `decode_add` adds a payload's decoded values into a running sum.
+pub trait Codec: Send {
+    /// Which codec this is (written into every payload header).
+    fn id(&self) -> CodecId;
+
+    /// Compresses `grad` into `out` (cleared first; its capacity is reused across steps).
+    /// Stateful codecs (error feedback, momentum, RNG) advance their state.
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>);
+
+    /// Decodes `payload` and adds it, element by element, into `acc`.
+    /// `acc.len()` must equal the payload's element count.
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError>;
+
+    /// Whether `E[decode(encode(g))] == g` (QSGD, TernGrad, random-k scaled): such codecs need
+    /// no error feedback.
+    fn is_unbiased(&self) -> bool {
+        false
+    }
+
+    /// Tells the codec where training is (DGC's warm-up, seeded RNG streams).
+    fn set_progress(&mut self, _progress: Progress) {}
+
+    /// A scalar that every rank must agree on before encoding (TernGrad's shared max),
+    /// computed from this rank's gradient; `None` for codecs that need none.
+    fn local_scalar(&self, _grad: &[f32]) -> Option<f32> {
+        None
+    }
+
+    /// Sets the agreed scalar (the max over ranks of [`Codec::local_scalar`]).
+    fn set_shared_scalar(&mut self, _value: f32) {}
+
+    /// Serializes all state (residuals, momenta, RNG position, warm-up position).
+    fn save_state(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Restores state saved by [`Codec::save_state`] of the same configuration.
+    fn load_state(&mut self, _state: &[u8]) -> Result<(), DecodeError> {
+        Ok(())
+    }
+}
+
+/// Where training stands, for codecs whose behaviour changes over time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Progress {
+    /// Optimizer steps taken so far.
+    pub step: u64,
+    /// Epochs completed, fractional (1.5 = halfway through the second epoch).
+    pub epoch: f32,
+}

@@ -1,0 +1,2 @@
+//! gradwire-collective: collective algorithms over any [`Transport`](gradwire_transport::Transport).
+#![deny(missing_docs)]

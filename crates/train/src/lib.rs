@@ -1,0 +1,2 @@
+//! gradwire-train: models, data sets, optimizers and the data-parallel trainer.
+#![deny(missing_docs)]

@@ -1,0 +1,1 @@
+//! Reading a rank's identity from the environment (work in progress).

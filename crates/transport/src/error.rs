@@ -1,0 +1,123 @@
+//! The transport's error type: every variant that concerns a peer names its rank.
+
+use std::time::Duration;
+
+/// What a rank was doing when a call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Sending a message.
+    Send,
+    /// Receiving a message.
+    Recv,
+    /// Connecting or handshaking.
+    Connect,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Send => "send",
+            Op::Recv => "receive",
+            Op::Connect => "connect",
+        })
+    }
+}
+
+/// Errors of the transport layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A peer did not answer within the deadline.
+    #[error("rank {peer}: timed out after {after:?} during {op} (peer dead or stalled?)")]
+    Timeout {
+        /// The rank that stalled.
+        peer: usize,
+        /// What this rank was doing.
+        op: Op,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// A peer closed its connection (it exited or crashed).
+    #[error("rank {peer}: connection closed during {op} (peer exited or crashed)")]
+    PeerClosed {
+        /// The rank that went away.
+        peer: usize,
+        /// What this rank was doing.
+        op: Op,
+    },
+    /// An I/O error on the connection to a peer.
+    #[error("rank {peer}: I/O error during {op}: {source}")]
+    Io {
+        /// The peer of the failed connection.
+        peer: usize,
+        /// What this rank was doing.
+        op: Op,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A frame header announced a message larger than the configured limit.
+    #[error("rank {peer}: frame of {len} bytes exceeds the limit of {max} bytes")]
+    FrameTooLarge {
+        /// The sender of the frame (or the receiver, for an oversized send).
+        peer: usize,
+        /// The announced length.
+        len: u64,
+        /// The configured limit.
+        max: u64,
+    },
+    /// A frame header was malformed (wrong magic).
+    #[error("rank {peer}: malformed frame header ({what})")]
+    BadFrame {
+        /// The sender of the frame.
+        peer: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// A message had another length than the caller expected.
+    #[error("rank {peer}: expected a message of {expected} bytes, got {got}")]
+    SizeMismatch {
+        /// The sender of the message.
+        peer: usize,
+        /// The length the caller expected.
+        expected: usize,
+        /// The length that arrived.
+        got: usize,
+    },
+    /// A rank outside `0..world_size` was named.
+    #[error("rank {rank} is out of range for a world of {world_size} ranks")]
+    InvalidRank {
+        /// The rank named.
+        rank: usize,
+        /// The world size.
+        world_size: usize,
+    },
+    /// Forming the mesh failed.
+    #[error("rendezvous failed: {reason}")]
+    Rendezvous {
+        /// What went wrong.
+        reason: String,
+    },
+    /// The environment did not describe a valid rank.
+    #[error("environment: {reason}")]
+    Env {
+        /// What was missing or malformed.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The peer this error concerns, if any.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Error::Timeout { peer, .. }
+            | Error::PeerClosed { peer, .. }
+            | Error::Io { peer, .. }
+            | Error::FrameTooLarge { peer, .. }
+            | Error::BadFrame { peer, .. }
+            | Error::SizeMismatch { peer, .. } => Some(*peer),
+            Error::InvalidRank { .. } | Error::Rendezvous { .. } | Error::Env { .. } => None,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,148 @@
+//! gradwire-transport: moves bytes between ranks.
+//!
+//! This layer owns point-to-point messaging between the `world_size` ranks of a job: a
+//! [`Transport`] sends and receives whole messages (framed byte buffers, ordered per pair of
+//! ranks) with a deadline on every blocking call. It knows nothing of f32, gradients or
+//! codecs; collectives live in `gradwire-collective`.
+//!
+//! Implementations: [`local`] (ranks as threads of one process, for tests and single-process
+//! use) and [`tcp`] (a full mesh over TCP with rendezvous at rank 0 and a shared-token
+//! handshake).
+//!
+//! Glossary: a *rank* is one member of the job, numbered `0..world_size`; *peer* is only used
+//! for "the other rank" of a point-to-point call.
+//!
+//! ```
+//! use gradwire_transport::{local::Local, Transport};
+//! let ranks = Local::world(2);
+//! let handles: Vec<_> = ranks.into_iter().map(|mut t| std::thread::spawn(move || {
+//!     let me = t.rank();
+//!     let mut buf = Vec::new();
+//!     t.send_recv(1 - me, &[me as u8], 1 - me, &mut buf).unwrap();
+//!     buf[0] as usize
+//! })).collect();
+//! let got: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+//! assert_eq!(got, vec![1, 0]);
+//! ```
+#![deny(missing_docs)]
+
+pub mod env;
+mod error;
+pub mod local;
+pub mod tcp;
+
+pub use error::{Error, Op, Result};
+
+use std::time::Duration;
+
+/// The default deadline of every blocking call: long enough for a slow step, short enough
+/// that a dead rank is named within a minute.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Moves whole messages between ranks.
+///
+/// Messages between one pair of ranks arrive in the order they were sent. Every blocking call
+/// fails with an [`Error`] naming the peer when the peer dies or stalls past the deadline.
+pub trait Transport: Send {
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks in the job.
+    fn world_size(&self) -> usize;
+
+    /// Sends one message to `to`. May block while the peer's buffers are full.
+    fn send(&mut self, to: usize, msg: &[u8]) -> Result<()>;
+
+    /// Receives the next message from `from` into `buf` (cleared first; its capacity is reused).
+    fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> Result<()>;
+
+    /// Sends `msg` to `to` while receiving the next message from `from` into `buf`, without
+    /// deadlocking at any message size (one ring step). `to` and `from` may be the same rank.
+    fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()>;
+
+    /// Receives the next message from `from` into `out`, which must be its exact length
+    /// (otherwise [`Error::SizeMismatch`]). Lets a caller receive straight into its buffer.
+    fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
+        let mut buf = Vec::with_capacity(out.len());
+        self.recv(from, &mut buf)?;
+        copy_exact(from, &buf, out)
+    }
+
+    /// [`Transport::send_recv`] receiving straight into `out`, which must be the exact length
+    /// of the incoming message.
+    fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        let mut buf = Vec::with_capacity(out.len());
+        self.send_recv(to, msg, from, &mut buf)?;
+        copy_exact(from, &buf, out)
+    }
+
+    /// The deadline applied to each blocking call.
+    fn timeout(&self) -> Duration;
+
+    /// Changes the deadline applied to each blocking call.
+    fn set_timeout(&mut self, timeout: Duration);
+
+    /// Total payload bytes this rank has sent so far (frame headers excluded).
+    fn bytes_sent(&self) -> u64;
+}
+
+/// Copies a received message into an exact-size buffer, or reports the mismatch.
+fn copy_exact(from: usize, buf: &[u8], out: &mut [u8]) -> Result<()> {
+    if buf.len() != out.len() {
+        return Err(Error::SizeMismatch {
+            peer: from,
+            expected: out.len(),
+            got: buf.len(),
+        });
+    }
+    out.copy_from_slice(buf);
+    Ok(())
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn send(&mut self, to: usize, msg: &[u8]) -> Result<()> {
+        (**self).send(to, msg)
+    }
+    fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> Result<()> {
+        (**self).recv(from, buf)
+    }
+    fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()> {
+        (**self).send_recv(to, msg, from, buf)
+    }
+    fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
+        (**self).recv_into(from, out)
+    }
+    fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        (**self).send_recv_into(to, msg, from, out)
+    }
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        (**self).set_timeout(timeout)
+    }
+    fn bytes_sent(&self) -> u64 {
+        (**self).bytes_sent()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compile-time guard: the trait stays usable as `dyn`.
+    #[test]
+    fn transport_is_object_safe() {
+        let ranks: Vec<Box<dyn Transport>> = local::Local::world(1)
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .collect();
+        assert_eq!(ranks[0].world_size(), 1);
+    }
+}

@@ -1,0 +1,231 @@
+//! `local`: the ranks of one job as threads of one process, joined by channels.
+//!
+//! Each ordered pair of ranks has an unbounded channel, so `send` never blocks and
+//! `send_recv` cannot deadlock; received buffers travel back to their sender for reuse, so a
+//! steady state allocates nothing. A rank that is dropped closes its channels: its peers get
+//! [`Error::PeerClosed`] naming it, and a stalled one gives [`Error::Timeout`].
+
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use crate::{Error, Op, Result, Transport, DEFAULT_TIMEOUT};
+
+/// One rank of an in-process world (see [`Local::world`]).
+pub struct Local {
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+    bytes_sent: u64,
+    /// `to[p]`: messages to rank p.
+    to: Vec<Option<Sender<Vec<u8>>>>,
+    /// `from[p]`: messages from rank p.
+    from: Vec<Option<Receiver<Vec<u8>>>>,
+    /// `spare_out[p]`: buffers rank p has finished with, for our next send to p.
+    spare_out: Vec<Option<Receiver<Vec<u8>>>>,
+    /// `spare_back[p]`: hands a buffer received from p back to p.
+    spare_back: Vec<Option<Sender<Vec<u8>>>>,
+}
+
+impl Local {
+    /// Builds a world of `n` ranks; move each into its own thread.
+    pub fn world(n: usize) -> Vec<Local> {
+        let mut ranks: Vec<Local> = (0..n)
+            .map(|rank| Local {
+                rank,
+                world_size: n,
+                timeout: DEFAULT_TIMEOUT,
+                bytes_sent: 0,
+                to: (0..n).map(|_| None).collect(),
+                from: (0..n).map(|_| None).collect(),
+                spare_out: (0..n).map(|_| None).collect(),
+                spare_back: (0..n).map(|_| None).collect(),
+            })
+            .collect();
+        for a in 0..n {
+            for b in 0..n {
+                let (tx, rx) = channel();
+                ranks[a].to[b] = Some(tx);
+                ranks[b].from[a] = Some(rx);
+                let (stx, srx) = channel();
+                ranks[b].spare_back[a] = Some(stx);
+                ranks[a].spare_out[b] = Some(srx);
+            }
+        }
+        ranks
+    }
+
+    fn check(&self, peer: usize) -> Result<()> {
+        if peer >= self.world_size {
+            return Err(Error::InvalidRank {
+                rank: peer,
+                world_size: self.world_size,
+            });
+        }
+        Ok(())
+    }
+
+    fn take_message(&mut self, from: usize) -> Result<Vec<u8>> {
+        self.check(from)?;
+        let rx = self.from[from]
+            .as_ref()
+            .expect("channel built by Local::world");
+        match rx.recv_timeout(self.timeout) {
+            Ok(msg) => Ok(msg),
+            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout {
+                peer: from,
+                op: Op::Recv,
+                after: self.timeout,
+            }),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::PeerClosed {
+                peer: from,
+                op: Op::Recv,
+            }),
+        }
+    }
+
+    fn give_back(&mut self, from: usize, buf: Vec<u8>) {
+        if buf.capacity() > 0 {
+            if let Some(tx) = &self.spare_back[from] {
+                // The peer may be gone; then the buffer is simply dropped.
+                let _ = tx.send(buf);
+            }
+        }
+    }
+}
+
+impl Transport for Local {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn send(&mut self, to: usize, msg: &[u8]) -> Result<()> {
+        self.check(to)?;
+        let mut buf = self.spare_out[to]
+            .as_ref()
+            .and_then(|rx| rx.try_recv().ok())
+            .unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(msg);
+        let tx = self.to[to].as_ref().expect("channel built by Local::world");
+        tx.send(buf).map_err(|_| Error::PeerClosed {
+            peer: to,
+            op: Op::Send,
+        })?;
+        self.bytes_sent += msg.len() as u64;
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> Result<()> {
+        let mut msg = self.take_message(from)?;
+        std::mem::swap(buf, &mut msg);
+        self.give_back(from, msg);
+        Ok(())
+    }
+
+    fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()> {
+        self.send(to, msg)?;
+        self.recv(from, buf)
+    }
+
+    fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
+        let msg = self.take_message(from)?;
+        let res = crate::copy_exact(from, &msg, out);
+        self.give_back(from, msg);
+        res
+    }
+
+    fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        self.send(to, msg)?;
+        self.recv_into(from, out)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_exchange_and_order() {
+        let n = 4;
+        let hs: Vec<_> = Local::world(n)
+            .into_iter()
+            .map(|mut t| {
+                std::thread::spawn(move || {
+                    let me = t.rank();
+                    let mut buf = Vec::new();
+                    let mut got = Vec::new();
+                    for i in 0..3u8 {
+                        t.send_recv((me + 1) % n, &[me as u8, i], (me + n - 1) % n, &mut buf)
+                            .unwrap();
+                        got.push(buf.clone());
+                    }
+                    got
+                })
+            })
+            .collect();
+        for (me, h) in hs.into_iter().enumerate() {
+            let got = h.join().unwrap();
+            let left = ((me + n - 1) % n) as u8;
+            assert_eq!(got, vec![vec![left, 0], vec![left, 1], vec![left, 2]]);
+        }
+    }
+
+    #[test]
+    fn dropped_peer_is_named() {
+        let mut w = Local::world(3);
+        let mut a = w.remove(0);
+        drop(w); // ranks 1 and 2 gone
+        let mut buf = Vec::new();
+        let err = a.recv(2, &mut buf).unwrap_err();
+        assert_eq!(err.peer(), Some(2));
+        assert!(matches!(err, Error::PeerClosed { .. }));
+    }
+
+    #[test]
+    fn stalled_peer_times_out() {
+        let mut w = Local::world(2);
+        let mut a = w.remove(0);
+        a.set_timeout(Duration::from_millis(20));
+        let err = a.recv(1, &mut Vec::new()).unwrap_err();
+        assert!(matches!(err, Error::Timeout { peer: 1, .. }), "{err}");
+        drop(w);
+    }
+
+    #[test]
+    fn recv_into_checks_length() {
+        let mut w = Local::world(2);
+        let mut b = w.pop().unwrap();
+        let mut a = w.pop().unwrap();
+        a.send(1, &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 2];
+        let err = b.recv_into(0, &mut out).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::SizeMismatch {
+                peer: 0,
+                expected: 2,
+                got: 3
+            }
+        ));
+        assert!(matches!(
+            b.send(5, &[]),
+            Err(Error::InvalidRank { rank: 5, .. })
+        ));
+    }
+}

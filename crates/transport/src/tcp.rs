@@ -1,0 +1,1 @@
+//! `tcp`: a full mesh over TCP (work in progress).
