@@ -138,6 +138,14 @@ pub trait Codec: Send {
     /// Sets the agreed scalar (the max over ranks of [`Codec::local_scalar`]).
     fn set_shared_scalar(&mut self, _value: f32) {}
 
+    /// For sparsifying codecs (top-k, DGC, threshold, random-k): selects this step's
+    /// (index, value) pairs exactly as [`Codec::encode`] would (advancing the same state) and
+    /// returns `true`, so a sparse allreduce can merge indices as it reduces. Other codecs
+    /// return `false` and leave `out` untouched.
+    fn encode_sparse(&mut self, _grad: &[f32], _out: &mut SparseGrad) -> bool {
+        false
+    }
+
     /// Serializes all state (residuals, momenta, RNG position, warm-up position).
     fn save_state(&self) -> Vec<u8> {
         Vec::new()
@@ -156,4 +164,21 @@ pub struct Progress {
     pub step: u64,
     /// Epochs completed, fractional (1.5 = halfway through the second epoch).
     pub epoch: f32,
+}
+
+/// A sparse gradient: strictly increasing indices and their values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SparseGrad {
+    /// Element indices, strictly increasing.
+    pub indices: Vec<u32>,
+    /// The value at each index.
+    pub values: Vec<f32>,
+}
+
+impl SparseGrad {
+    /// Empties both vectors, keeping their capacity.
+    pub fn clear(&mut self) {
+        self.indices.clear();
+        self.values.clear();
+    }
 }
