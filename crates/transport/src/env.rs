@@ -1,1 +1,198 @@
-//! Reading a rank's identity from the environment (work in progress).
+//! A rank's identity from the environment: gradwire's own variables, or those of torchrun,
+//! Open MPI's `mpirun` and Slurm, so a rank runs under the launchers people already use.
+//!
+//! | what | gradwire | torchrun | Open MPI | Slurm |
+//! |---|---|---|---|---|
+//! | rank | `GRADWIRE_RANK` | `RANK` | `OMPI_COMM_WORLD_RANK` | `SLURM_PROCID` |
+//! | world size | `GRADWIRE_WORLD_SIZE` | `WORLD_SIZE` | `OMPI_COMM_WORLD_SIZE` | `SLURM_NTASKS` |
+//! | master | `GRADWIRE_MASTER_ADDR`, `GRADWIRE_MASTER_PORT` | `MASTER_ADDR`, `MASTER_PORT` | | |
+//!
+//! The first source that names a rank wins. The master defaults to `127.0.0.1:29500`;
+//! `GRADWIRE_TOKEN` is the shared secret (empty if unset), `GRADWIRE_TIMEOUT` the deadline
+//! in seconds.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::tcp::TcpConfig;
+use crate::{Error, Result, DEFAULT_TIMEOUT};
+
+/// The default rendezvous port (torchrun's).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// Which convention the environment followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// `gradwire launch` (`GRADWIRE_*`).
+    Gradwire,
+    /// torchrun / torch.distributed (`RANK`, `WORLD_SIZE`).
+    Torchrun,
+    /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`).
+    Slurm,
+}
+
+/// Reads the TCP configuration of this rank from the process environment; `Ok(None)` when no
+/// launcher set a rank (a plain, single-process run).
+pub fn tcp_config_from_env() -> Result<Option<(TcpConfig, Launcher)>> {
+    tcp_config_from(|k| std::env::var(k).ok())
+}
+
+/// [`tcp_config_from_env`] over any variable lookup (testable without touching the process).
+pub fn tcp_config_from(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Option<(TcpConfig, Launcher)>> {
+    let sources = [
+        (Launcher::Gradwire, "GRADWIRE_RANK", "GRADWIRE_WORLD_SIZE"),
+        (Launcher::Torchrun, "RANK", "WORLD_SIZE"),
+        (
+            Launcher::OpenMpi,
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+        ),
+        (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS"),
+    ];
+    let Some(&(launcher, rank_var, size_var)) = sources.iter().find(|(_, r, _)| get(r).is_some())
+    else {
+        return Ok(None);
+    };
+    let num = |var: &str| -> Result<usize> {
+        let v = get(var).ok_or_else(|| Error::Env {
+            reason: format!("{rank_var} is set but {var} is not"),
+        })?;
+        v.trim().parse().map_err(|_| Error::Env {
+            reason: format!("{var}={v} is not a non-negative integer"),
+        })
+    };
+    let rank = num(rank_var)?;
+    let world_size = num(size_var)?;
+    if world_size == 0 || rank >= world_size {
+        return Err(Error::Env {
+            reason: format!("{rank_var}={rank} is out of range for {size_var}={world_size}"),
+        });
+    }
+    let host = get("GRADWIRE_MASTER_ADDR")
+        .or_else(|| get("MASTER_ADDR"))
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port = match get("GRADWIRE_MASTER_PORT").or_else(|| get("MASTER_PORT")) {
+        None => DEFAULT_MASTER_PORT,
+        Some(p) => p.trim().parse().map_err(|_| Error::Env {
+            reason: format!("master port {p} is not a port number"),
+        })?,
+    };
+    let master = resolve(&host, port)?;
+    let mut cfg = TcpConfig::new(
+        rank,
+        world_size,
+        master,
+        get("GRADWIRE_TOKEN").unwrap_or_default(),
+    );
+    cfg.timeout = match get("GRADWIRE_TIMEOUT") {
+        None => DEFAULT_TIMEOUT,
+        Some(t) => parse_seconds(&t).ok_or_else(|| Error::Env {
+            reason: format!("GRADWIRE_TIMEOUT={t} is not a positive number of seconds"),
+        })?,
+    };
+    if let Some(b) = get("GRADWIRE_SOCKET_BUFFER") {
+        cfg.socket_buffer = Some(b.trim().parse().map_err(|_| Error::Env {
+            reason: format!("GRADWIRE_SOCKET_BUFFER={b} is not a byte count"),
+        })?);
+    }
+    Ok(Some((cfg, launcher)))
+}
+
+/// Parses a positive number of seconds (`30`, `0.5`).
+pub fn parse_seconds(s: &str) -> Option<Duration> {
+    let x: f64 = s.trim().parse().ok()?;
+    (x.is_finite() && x > 0.0).then(|| Duration::from_secs_f64(x))
+}
+
+/// Resolves `host:port` to one socket address.
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
+    let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::Env {
+            reason: format!("cannot resolve master address {host}: {e}"),
+        })?
+        .next()
+        .ok_or_else(|| Error::Env {
+            reason: format!("master address {host} resolves to nothing"),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Option<(TcpConfig, Launcher)>> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tcp_config_from(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn reads_each_launcher() {
+        let (c, l) = cfg(&[
+            ("GRADWIRE_RANK", "1"),
+            ("GRADWIRE_WORLD_SIZE", "4"),
+            ("GRADWIRE_MASTER_PORT", "1234"),
+            ("GRADWIRE_TOKEN", "t"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (c.rank, c.world_size, c.master.port(), c.token.as_str(), l),
+            (1, 4, 1234, "t", Launcher::Gradwire)
+        );
+        let (c, l) = cfg(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "3"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "9"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (c.rank, c.world_size, c.master.port(), l),
+            (2, 3, 9, Launcher::Torchrun)
+        );
+        let (c, l) = cfg(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.rank, c.world_size, c.master.port(), l),
+            (0, 2, DEFAULT_MASTER_PORT, Launcher::OpenMpi)
+        );
+        let (c, l) = cfg(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("GRADWIRE_TIMEOUT", "2.5"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (c.rank, c.world_size, c.timeout, l),
+            (5, 8, Duration::from_millis(2500), Launcher::Slurm)
+        );
+        assert!(cfg(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        assert!(cfg(&[("RANK", "3"), ("WORLD_SIZE", "3")]).is_err());
+        assert!(cfg(&[("RANK", "x"), ("WORLD_SIZE", "3")]).is_err());
+        assert!(cfg(&[("RANK", "0")]).is_err());
+        assert!(cfg(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "99999")]).is_err());
+        assert!(cfg(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("GRADWIRE_TIMEOUT", "-1")
+        ])
+        .is_err());
+    }
+}

@@ -54,6 +54,14 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Another rank reported that this rank failed; the job is over.
+    #[error("rank {peer} failed (reported by rank {reported_by})")]
+    PeerFailed {
+        /// The rank that failed.
+        peer: usize,
+        /// The rank that noticed it and told us.
+        reported_by: usize,
+    },
     /// A frame header announced a message larger than the configured limit.
     #[error("rank {peer}: frame of {len} bytes exceeds the limit of {max} bytes")]
     FrameTooLarge {
@@ -113,7 +121,8 @@ impl Error {
             | Error::Io { peer, .. }
             | Error::FrameTooLarge { peer, .. }
             | Error::BadFrame { peer, .. }
-            | Error::SizeMismatch { peer, .. } => Some(*peer),
+            | Error::SizeMismatch { peer, .. }
+            | Error::PeerFailed { peer, .. } => Some(*peer),
             Error::InvalidRank { .. } | Error::Rendezvous { .. } | Error::Env { .. } => None,
         }
     }
