@@ -1,0 +1,187 @@
+//! Broadcast: a binomial tree for small messages (`log2 P` rounds, pipelined by segment),
+//! scatter then ring all-gather for large ones (van de Geijn: each link carries about
+//! `2/P` of the buffer instead of all of it).
+
+use gradwire_transport::Transport;
+
+use crate::exchange::seg_elems;
+use crate::{chunks, element, ring, select, Element, Error, Result};
+
+/// Checks that `root` names a rank.
+pub(crate) fn check_root(root: usize, world: usize) -> Result<()> {
+    if root >= world {
+        return Err(Error::InvalidRoot {
+            root,
+            world_size: world,
+        });
+    }
+    Ok(())
+}
+
+/// Broadcasts `buf` from `root`, choosing tree or scatter + all-gather by size.
+pub fn broadcast<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    buf: &mut [E],
+    root: usize,
+    seg_bytes: usize,
+) -> Result<()> {
+    let world = t.world_size();
+    check_root(root, world)?;
+    if world <= 2 || std::mem::size_of_val(buf) < select::BCAST_TREE_BYTES || buf.len() < world {
+        binomial(t, buf, root, seg_bytes)
+    } else {
+        scatter_all_gather(t, buf, root, seg_bytes)
+    }
+}
+
+/// The binomial tree relative to `root`: `(parent, children)` of rank `rank`, children
+/// in sending order (farthest subtree first).
+pub fn binomial_tree(rank: usize, world: usize, root: usize) -> (Option<usize>, Vec<usize>) {
+    let vr = (rank + world - root) % world;
+    let real = |v: usize| (v + root) % world;
+    let mut mask = 1;
+    let mut parent = None;
+    while mask < world {
+        if vr & mask != 0 {
+            parent = Some(real(vr - mask));
+            break;
+        }
+        mask <<= 1;
+    }
+    let mut children = Vec::new();
+    mask >>= 1;
+    while mask > 0 {
+        if vr + mask < world {
+            children.push(real(vr + mask));
+        }
+        mask >>= 1;
+    }
+    (parent, children)
+}
+
+/// Binomial-tree broadcast; each segment is forwarded to the children as soon as it arrives.
+pub fn binomial<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    buf: &mut [E],
+    root: usize,
+    seg_bytes: usize,
+) -> Result<()> {
+    let world = t.world_size();
+    check_root(root, world)?;
+    let (parent, children) = binomial_tree(t.rank(), world, root);
+    let len = buf.len();
+    let nseg = chunks::segments(len, seg_elems::<E>(seg_bytes));
+    for j in 0..nseg {
+        let r = chunks::range(len, nseg, j);
+        if let Some(p) = parent {
+            t.recv_into(p, element::bytes_mut(&mut buf[r.clone()]))?;
+        }
+        for &c in &children {
+            t.send(c, element::bytes(&buf[r.clone()]))?;
+        }
+    }
+    Ok(())
+}
+
+/// Van de Geijn broadcast: binomial scatter of the `P` chunks, then ring all-gather.
+pub fn scatter_all_gather<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    buf: &mut [E],
+    root: usize,
+    seg_bytes: usize,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    check_root(root, world)?;
+    let len = buf.len();
+    let seg = seg_elems::<E>(seg_bytes);
+    let vr = (rank + world - root) % world;
+    let real = |v: usize| (v + root) % world;
+    // Scatter: vrank v ends with chunk v; a subtree rooted at v covers chunks v..v+size.
+    let mut mask = 1;
+    while mask < world {
+        if vr & mask != 0 {
+            let r = chunks::span(len, world, vr, (vr + mask).min(world));
+            let nseg = chunks::segments(r.len(), seg);
+            crate::exchange::recv_segs(t, real(vr - mask), &mut buf[r], nseg)?;
+            break;
+        }
+        mask <<= 1;
+    }
+    mask >>= 1;
+    while mask > 0 {
+        if vr + mask < world {
+            let r = chunks::span(len, world, vr + mask, (vr + 2 * mask).min(world));
+            let nseg = chunks::segments(r.len(), seg);
+            crate::exchange::send_segs(t, real(vr + mask), &buf[r], nseg)?;
+        }
+        mask >>= 1;
+    }
+    let nseg = chunks::segments(len.div_ceil(world), seg);
+    ring::all_gather_by(t, buf, root, nseg, |i| chunks::range(len, world, i))
+}
+
+/// Broadcasts a byte buffer of any length from `root` (others learn the length): a length
+/// prefix, then the bytes in segments, down a binomial tree.
+pub fn broadcast_bytes<T: Transport + ?Sized>(
+    t: &mut T,
+    buf: &mut Vec<u8>,
+    root: usize,
+    seg_bytes: usize,
+) -> Result<()> {
+    let world = t.world_size();
+    check_root(root, world)?;
+    let (parent, children) = binomial_tree(t.rank(), world, root);
+    let mut len_msg = (buf.len() as u64).to_le_bytes();
+    if let Some(p) = parent {
+        t.recv_into(p, &mut len_msg)?;
+        let len = u64::from_le_bytes(len_msg);
+        let len = usize::try_from(len).map_err(|_| Error::Malformed {
+            peer: p,
+            what: "broadcast length exceeds the address space",
+        })?;
+        buf.clear();
+        buf.resize(len, 0);
+    }
+    for &c in &children {
+        t.send(c, &len_msg)?;
+    }
+    let len = buf.len();
+    let nseg = chunks::segments(len, seg_bytes);
+    for j in 0..nseg {
+        let r = chunks::range(len, nseg, j);
+        if let Some(p) = parent {
+            t.recv_into(p, &mut buf[r.clone()])?;
+        }
+        for &c in &children {
+            t.send(c, &buf[r.clone()])?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_is_spanning_and_consistent() {
+        for world in 1..=17 {
+            for root in 0..world {
+                let mut reached = vec![false; world];
+                reached[root] = true;
+                let mut count = 1;
+                for r in 0..world {
+                    let (p, ch) = binomial_tree(r, world, root);
+                    assert_eq!(p.is_none(), r == root);
+                    for c in ch {
+                        assert_eq!(binomial_tree(c, world, root).0, Some(r));
+                        assert!(!reached[c]);
+                        reached[c] = true;
+                        count += 1;
+                    }
+                }
+                assert_eq!(count, world);
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! What can be reduced: [`Element`] types and [`ReduceOp`]s.
+
+use std::fmt;
+use std::str::FromStr;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for i32 {}
+}
+
+/// The reduction applied element-wise across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum over ranks (i32 wraps on overflow).
+    Sum,
+    /// Sum, then divided by the world size (i32: integer division, truncating toward zero).
+    Mean,
+    /// Element-wise minimum.
+    Min,
+    /// Element-wise maximum.
+    Max,
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        })
+    }
+}
+
+/// A reduce-op name that is none of `sum|mean|min|max`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown reduce op '{0}' (expected sum|mean|min|max)")]
+pub struct ParseReduceOpError(pub String);
+
+impl FromStr for ReduceOp {
+    type Err = ParseReduceOpError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "sum" => Ok(ReduceOp::Sum),
+            "mean" | "avg" | "average" => Ok(ReduceOp::Mean),
+            "min" => Ok(ReduceOp::Min),
+            "max" => Ok(ReduceOp::Max),
+            _ => Err(ParseReduceOpError(s.to_string())),
+        }
+    }
+}
+
+/// An element type the collectives reduce: `f32`, `f64` or `i32` (sealed).
+///
+/// Buffers travel as their in-memory bytes (`bytemuck`), which is the little-endian wire
+/// format on the little-endian hosts gradwire supports.
+pub trait Element:
+    bytemuck::Pod + PartialOrd + Send + Sync + fmt::Debug + sealed::Sealed + 'static
+{
+    /// Combines `other` into `acc` element-wise (`Mean` adds; see [`Element::divide`]).
+    fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self]);
+    /// Divides every element by `n` (the second half of [`ReduceOp::Mean`]).
+    fn divide(acc: &mut [Self], n: usize);
+}
+
+macro_rules! float_element {
+    ($t:ty) => {
+        impl Element for $t {
+            fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
+                debug_assert_eq!(acc.len(), other.len());
+                match op {
+                    ReduceOp::Sum | ReduceOp::Mean => {
+                        acc.iter_mut().zip(other).for_each(|(a, b)| *a += *b)
+                    }
+                    ReduceOp::Min => acc.iter_mut().zip(other).for_each(|(a, b)| *a = a.min(*b)),
+                    ReduceOp::Max => acc.iter_mut().zip(other).for_each(|(a, b)| *a = a.max(*b)),
+                }
+            }
+            fn divide(acc: &mut [Self], n: usize) {
+                let n = n as $t;
+                acc.iter_mut().for_each(|a| *a /= n);
+            }
+        }
+    };
+}
+float_element!(f32);
+float_element!(f64);
+
+impl Element for i32 {
+    fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
+        debug_assert_eq!(acc.len(), other.len());
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => acc
+                .iter_mut()
+                .zip(other)
+                .for_each(|(a, b)| *a = a.wrapping_add(*b)),
+            ReduceOp::Min => acc
+                .iter_mut()
+                .zip(other)
+                .for_each(|(a, b)| *a = (*a).min(*b)),
+            ReduceOp::Max => acc
+                .iter_mut()
+                .zip(other)
+                .for_each(|(a, b)| *a = (*a).max(*b)),
+        }
+    }
+    fn divide(acc: &mut [Self], n: usize) {
+        let n = n as i32;
+        acc.iter_mut().for_each(|a| *a /= n);
+    }
+}
+
+/// Finishes a reduction on `acc` (the divide of `Mean`; nothing for the others).
+pub(crate) fn finish<E: Element>(op: ReduceOp, acc: &mut [E], world: usize) {
+    if op == ReduceOp::Mean && world > 1 {
+        E::divide(acc, world);
+    }
+}
+
+/// The bytes of an element slice.
+pub(crate) fn bytes<E: Element>(s: &[E]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+/// The bytes of a mutable element slice.
+pub(crate) fn bytes_mut<E: Element>(s: &mut [E]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops() {
+        let mut a = [1i32, 5, -3];
+        i32::reduce(ReduceOp::Max, &mut a, &[2, 4, -4]);
+        assert_eq!(a, [2, 5, -3]);
+        i32::reduce(ReduceOp::Min, &mut a, &[0, 9, -9]);
+        assert_eq!(a, [0, 5, -9]);
+        i32::reduce(ReduceOp::Sum, &mut a, &[i32::MAX, 0, 0]);
+        assert_eq!(a, [i32::MAX, 5, -9]);
+        i32::divide(&mut a, 2);
+        assert_eq!(a, [i32::MAX / 2, 2, -4]);
+        let mut f = [1.0f32, 2.0];
+        f32::reduce(ReduceOp::Mean, &mut f, &[3.0, 4.0]);
+        f32::divide(&mut f, 2);
+        assert_eq!(f, [2.0, 3.0]);
+        assert_eq!("MAX".parse::<ReduceOp>().unwrap(), ReduceOp::Max);
+        assert!("prod".parse::<ReduceOp>().is_err());
+    }
+}

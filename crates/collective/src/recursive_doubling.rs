@@ -1,0 +1,69 @@
+//! Recursive-doubling all-reduce: `log2 P` full-buffer exchanges, for latency-bound
+//! (small) messages. Any world size, through the [`fold`](crate::fold).
+//!
+//! Both partners of an exchange compute `mine + theirs` with a commutative operation, so
+//! every rank ends with bit-identical results.
+
+use gradwire_transport::Transport;
+
+use crate::exchange::{recv_reduce, recv_segs, seg_elems, send_segs};
+use crate::fold::{doubling_partners, Fold, Role};
+use crate::scratch::Scratch;
+use crate::{chunks, element, Element, ReduceOp, Result};
+
+/// Recursive-doubling all-reduce of `buf` in place.
+pub fn all_reduce<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    buf: &mut [E],
+    op: ReduceOp,
+    seg_bytes: usize,
+) -> Result<()> {
+    let world = t.world_size();
+    let fold = Fold::new(world);
+    let nseg = chunks::segments(buf.len(), seg_elems::<E>(seg_bytes));
+    let mut scratch = Scratch::take();
+    match fold.role(t.rank()) {
+        Role::Extra { proxy } => {
+            send_segs(t, proxy, buf, nseg)?;
+            recv_segs(t, proxy, buf, nseg)
+        }
+        Role::Proxy { extra, vrank } => {
+            recv_reduce(t, extra, buf, op, nseg, &mut scratch)?;
+            core(t, &fold, vrank, buf, op, nseg, &mut scratch)?;
+            element::finish(op, buf, world);
+            send_segs(t, extra, buf, nseg)
+        }
+        Role::Member { vrank } => {
+            core(t, &fold, vrank, buf, op, nseg, &mut scratch)?;
+            element::finish(op, buf, world);
+            Ok(())
+        }
+    }
+}
+
+fn core<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    fold: &Fold,
+    vrank: usize,
+    buf: &mut [E],
+    op: ReduceOp,
+    nseg: usize,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let len = buf.len();
+    for pv in doubling_partners(vrank, fold.p2) {
+        let partner = fold.real(pv);
+        for j in 0..nseg {
+            let r = chunks::range(len, nseg, j);
+            let tmp = scratch.elems::<E>(r.len());
+            t.send_recv_into(
+                partner,
+                element::bytes(&buf[r.clone()]),
+                partner,
+                element::bytes_mut(tmp),
+            )?;
+            E::reduce(op, &mut buf[r], tmp);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! Tests over real worlds of ranks: a harness generic over the transport, and the
+//! property tests against [`crate::reference`].
+
+use std::time::Duration;
+
+use gradwire_transport::{local::Local, Transport};
+
+mod dense;
+
+/// A world factory: builds `n` connected ranks.
+pub(crate) type WorldFactory = dyn Fn(usize) -> Vec<Box<dyn Transport>> + Sync;
+
+/// An in-process world of `n` ranks.
+pub(crate) fn local_world(n: usize) -> Vec<Box<dyn Transport>> {
+    Local::world(n)
+        .into_iter()
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .collect()
+}
+
+// TCP: the lead adds this when `gradwire_transport::tcp` lands, plus one line in
+// `for_each_transport!` below.
+// pub(crate) fn tcp_world(n: usize) -> Vec<Box<dyn Transport>> {
+//     gradwire_transport::tcp::loopback_world(n)
+//         .expect("tcp loopback world")
+//         .into_iter()
+//         .map(|t| Box::new(t) as Box<dyn Transport>)
+//         .collect()
+// }
+
+/// Runs `f` on every rank of `world`, one thread each, and returns the ranks' results in
+/// rank order. A rank's transport is dropped when its `f` returns, so a rank that fails
+/// makes its peers fail fast (PeerClosed) instead of waiting for the deadline.
+pub(crate) fn run_world<R, F>(world: Vec<Box<dyn Transport>>, f: F) -> Vec<R>
+where
+    R: Send,
+    F: Fn(&mut dyn Transport) -> R + Sync,
+{
+    std::thread::scope(|s| {
+        let handles: Vec<_> = world
+            .into_iter()
+            .map(|mut t| {
+                let f = &f;
+                s.spawn(move || {
+                    t.set_timeout(Duration::from_secs(20));
+                    f(&mut *t)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+/// Instantiates `$body(&factory)` as one `#[test]` per transport, in a module `$name`.
+macro_rules! for_each_transport {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            #[test]
+            fn local() {
+                $body(&$crate::tests::local_world)
+            }
+            // TCP goes here (lead): uncomment with `tcp_world` in tests/mod.rs.
+            // #[test]
+            // fn tcp() {
+            //     $body(&$crate::tests::tcp_world)
+            // }
+        }
+    };
+}
+pub(crate) use for_each_transport;
