@@ -11,11 +11,40 @@
 //! [`DecodeError`], never a panic, and never allocates more than the accumulator.
 #![deny(missing_docs)]
 
+mod bf16;
+mod config;
+mod elias;
+mod feedback;
+mod fp16;
+mod fp32;
 mod header;
+mod layout;
+mod onebit;
+mod pack;
 mod params;
+mod powersgd;
+mod qsgd;
+mod rng;
+mod signsgd;
+mod state;
+mod terngrad;
+// Sparse codecs (threshold, adaptive, topk, randomk, dgc): their `mod` lines go here.
 
+pub use bf16::Bf16;
+pub use config::{CastConfig, CodecConfig, KNOWN};
+pub use feedback::ErrorFeedback;
+pub use fp16::Fp16;
+pub use fp32::Fp32;
 pub use header::{CodecId, Header, HEADER_LEN, MAGIC, VERSION};
+pub use layout::segments;
+pub use onebit::{OneBit, OneBitConfig};
 pub use params::{ConfigError, Params};
+pub use powersgd::{PowerSgd, PowerSgdConfig};
+pub use qsgd::{Qsgd, QsgdCoding, QsgdConfig, QsgdNorm};
+pub use rng::StepRng;
+pub use signsgd::{SignSgd, SignSgdConfig};
+pub use state::{StateReader, StateWriter};
+pub use terngrad::{TernGrad, TernGradConfig};
 
 /// Where a codec runs: enough to seed its RNG and know its tensors' boundaries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +146,8 @@ pub trait Codec: Send {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>);
 
     /// Decodes `payload` and adds it, element by element, into `acc`.
-    /// `acc.len()` must equal the payload's element count.
+    /// `acc.len()` must equal the payload's element count. Structural errors (header,
+    /// lengths, scales, codes) are found before `acc` is touched.
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError>;
 
     /// Whether `E[decode(encode(g))] == g` (QSGD, TernGrad, random-k scaled): such codecs need
@@ -143,6 +173,18 @@ pub trait Codec: Send {
     /// returns `true`, so a sparse allreduce can merge indices as it reduces. Other codecs
     /// return `false` and leave `out` untouched.
     fn encode_sparse(&mut self, _grad: &[f32], _out: &mut SparseGrad) -> bool {
+        false
+    }
+
+    /// Error feedback fused into the codec: encodes `x = grad + residual` into `out` and sets
+    /// `residual = x - decode(out)`, returning `true`. Codecs that have no fused path return
+    /// `false` and touch nothing; [`ErrorFeedback`] then does the same in generic passes.
+    fn encode_feedback(
+        &mut self,
+        _grad: &[f32],
+        _residual: &mut [f32],
+        _out: &mut Vec<u8>,
+    ) -> bool {
         false
     }
 
@@ -180,5 +222,41 @@ impl SparseGrad {
     pub fn clear(&mut self) {
         self.indices.clear();
         self.values.clear();
+    }
+}
+
+impl Codec for Box<dyn Codec> {
+    fn id(&self) -> CodecId {
+        (**self).id()
+    }
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        (**self).encode(grad, out)
+    }
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        (**self).decode_add(payload, acc)
+    }
+    fn is_unbiased(&self) -> bool {
+        (**self).is_unbiased()
+    }
+    fn set_progress(&mut self, progress: Progress) {
+        (**self).set_progress(progress)
+    }
+    fn local_scalar(&self, grad: &[f32]) -> Option<f32> {
+        (**self).local_scalar(grad)
+    }
+    fn set_shared_scalar(&mut self, value: f32) {
+        (**self).set_shared_scalar(value)
+    }
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+        (**self).encode_sparse(grad, out)
+    }
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
+        (**self).encode_feedback(grad, residual, out)
+    }
+    fn save_state(&self) -> Vec<u8> {
+        (**self).save_state()
+    }
+    fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
+        (**self).load_state(state)
     }
 }

@@ -1,0 +1,223 @@
+//! [`CodecConfig`]: a codec chosen and parameterized by a spec string, parsed once.
+//!
+//! Spec grammar: `name` or `name:key=value,key=value` (see [`Params`]). Every codec takes
+//! `ef=true|false` (error feedback); the default is on for the biased quantizers (`onebit`,
+//! `signsgd`, `powersgd`) and off for the rest. `Display` writes the canonical spec, which
+//! parses back to the same config.
+//!
+//! Adding a codec: one variant, one arm in each `match` below, one entry in [`KNOWN`] and
+//! at least one in [`CodecConfig::examples`] (the shared property tests, the benches and the
+//! fuzz target then pick it up).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{
+    Bf16, BuildContext, Codec, CodecId, ConfigError, Fp16, Fp32, OneBitConfig, Params,
+    PowerSgdConfig, QsgdConfig, SignSgdConfig, TernGradConfig,
+};
+// Sparse codecs: `use crate::{ThresholdConfig, ...};` go here.
+use crate::TopKConfig;
+
+/// Parameters of the plain casts (`none`, `fp16`, `bf16`): only `ef=` (default off).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CastConfig {
+    /// Error feedback (default off).
+    pub ef: bool,
+}
+
+impl CastConfig {
+    /// Reads `ef=`.
+    pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
+        Ok(CastConfig {
+            ef: p.bool("ef", false)?,
+        })
+    }
+}
+
+impl fmt::Display for CastConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.ef {
+            f.write_str("ef=true")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A codec and its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CodecConfig {
+    /// `none` (alias `fp32`): uncompressed.
+    None(CastConfig),
+    /// `fp16`: IEEE half precision.
+    Fp16(CastConfig),
+    /// `bf16`: bfloat16.
+    Bf16(CastConfig),
+    /// `onebit`: 1-bit SGD (Seide 2014).
+    OneBit(OneBitConfig),
+    /// `qsgd`: QSGD (Alistarh 2017).
+    Qsgd(QsgdConfig),
+    /// `terngrad`: TernGrad (Wen 2017).
+    TernGrad(TernGradConfig),
+    /// `signsgd`: EF-signSGD (Karimireddy 2019).
+    SignSgd(SignSgdConfig),
+    /// `powersgd`: PowerSGD (Vogels 2019).
+    PowerSgd(PowerSgdConfig),
+    // ---- sparse codecs (threshold.rs, adaptive.rs, topk.rs, randomk.rs, dgc.rs) ----
+    /// `topk`: top-k gradient dropping (Aji & Heafield 2017).
+    TopK(TopKConfig),
+}
+
+/// The codec names this build knows (for error messages).
+pub const KNOWN: &[&str] = &[
+    "none", "fp16", "bf16", "onebit", "qsgd", "terngrad", "signsgd", "powersgd",
+    // ---- sparse codecs ----
+    "topk",
+];
+
+impl FromStr for CodecConfig {
+    type Err = ConfigError;
+
+    fn from_str(spec: &str) -> Result<Self, ConfigError> {
+        let mut p = Params::parse(spec)?;
+        let cfg = match p.codec() {
+            "none" | "fp32" => CodecConfig::None(CastConfig::parse(&mut p)?),
+            "fp16" => CodecConfig::Fp16(CastConfig::parse(&mut p)?),
+            "bf16" => CodecConfig::Bf16(CastConfig::parse(&mut p)?),
+            "onebit" => CodecConfig::OneBit(OneBitConfig::parse(&mut p)?),
+            "qsgd" => CodecConfig::Qsgd(QsgdConfig::parse(&mut p)?),
+            "terngrad" => CodecConfig::TernGrad(TernGradConfig::parse(&mut p)?),
+            "signsgd" => CodecConfig::SignSgd(SignSgdConfig::parse(&mut p)?),
+            "powersgd" => CodecConfig::PowerSgd(PowerSgdConfig::parse(&mut p)?),
+            // ---- sparse codecs ----
+            "topk" => CodecConfig::TopK(TopKConfig::parse(&mut p)?),
+            other => {
+                return Err(ConfigError::UnknownCodec {
+                    name: other.to_string(),
+                    known: KNOWN.join(", "),
+                })
+            }
+        };
+        p.finish()?;
+        Ok(cfg)
+    }
+}
+
+impl fmt::Display for CodecConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let params = match self {
+            CodecConfig::None(c) | CodecConfig::Fp16(c) | CodecConfig::Bf16(c) => c.to_string(),
+            CodecConfig::OneBit(c) => c.to_string(),
+            CodecConfig::Qsgd(c) => c.to_string(),
+            CodecConfig::TernGrad(c) => c.to_string(),
+            CodecConfig::SignSgd(c) => c.to_string(),
+            CodecConfig::PowerSgd(c) => c.to_string(),
+            // ---- sparse codecs ----
+            CodecConfig::TopK(c) => c.to_string(),
+        };
+        f.write_str(self.name())?;
+        if !params.is_empty() {
+            write!(f, ":{params}")?;
+        }
+        Ok(())
+    }
+}
+
+impl CodecConfig {
+    /// The codec's wire id.
+    pub fn id(&self) -> CodecId {
+        match self {
+            CodecConfig::None(_) => CodecId::None,
+            CodecConfig::Fp16(_) => CodecId::Fp16,
+            CodecConfig::Bf16(_) => CodecId::Bf16,
+            CodecConfig::OneBit(_) => CodecId::OneBit,
+            CodecConfig::Qsgd(_) => CodecId::Qsgd,
+            CodecConfig::TernGrad(_) => CodecId::TernGrad,
+            CodecConfig::SignSgd(_) => CodecId::SignSgd,
+            CodecConfig::PowerSgd(_) => CodecId::PowerSgd,
+            // ---- sparse codecs ----
+            CodecConfig::TopK(_) => CodecId::TopK,
+        }
+    }
+
+    /// The codec's spec name.
+    pub fn name(&self) -> &'static str {
+        self.id().name()
+    }
+
+    /// The runtime codec (wrapped in error feedback when the config asks for it).
+    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
+        use crate::feedback::maybe_wrap;
+        match self {
+            CodecConfig::None(c) => maybe_wrap(Fp32, c.ef),
+            CodecConfig::Fp16(c) => maybe_wrap(Fp16, c.ef),
+            CodecConfig::Bf16(c) => maybe_wrap(Bf16, c.ef),
+            CodecConfig::OneBit(c) => c.build(ctx),
+            CodecConfig::Qsgd(c) => c.build(ctx),
+            CodecConfig::TernGrad(c) => c.build(ctx),
+            CodecConfig::SignSgd(c) => c.build(ctx),
+            CodecConfig::PowerSgd(c) => c.build(ctx),
+            // ---- sparse codecs ----
+            CodecConfig::TopK(c) => c.build(ctx),
+        }
+    }
+
+    /// One or more configurations per codec, for shared property tests, benches and fuzzing.
+    pub fn examples() -> Vec<CodecConfig> {
+        [
+            "none",
+            "fp16",
+            "bf16",
+            "onebit",
+            "onebit:column=0,ef=false",
+            "qsgd",
+            "qsgd:bits=8,bucket=256,norm=l2",
+            "qsgd:levels=3,bucket=1024,norm=l2,coding=elias",
+            "terngrad",
+            "terngrad:clip=0,ef=true",
+            "signsgd",
+            "powersgd:rank=2",
+            // ---- sparse codecs ----
+            "topk",
+            "topk:ratio=0.05,select=exact,scope=tensor,values=fp16,ef=false",
+        ]
+        .iter()
+        .map(|s| s.parse().expect("example specs parse"))
+        .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_displays_and_refuses() {
+        for c in CodecConfig::examples() {
+            let s = c.to_string();
+            assert_eq!(s.parse::<CodecConfig>().unwrap(), c, "{s}");
+        }
+        assert_eq!("fp16".parse::<CodecConfig>().unwrap().to_string(), "fp16");
+        assert_eq!(
+            "QSGD:bits=4".parse::<CodecConfig>().unwrap().to_string(),
+            "qsgd:bits=4,bucket=512,norm=max,coding=fixed,ef=false"
+        );
+        assert!(matches!(
+            "nope".parse::<CodecConfig>(),
+            Err(ConfigError::UnknownCodec { .. })
+        ));
+        assert!(matches!(
+            "fp16:bits=3".parse::<CodecConfig>(),
+            Err(ConfigError::UnknownParam { .. })
+        ));
+        assert!(matches!(
+            "qsgd:bucket=0".parse::<CodecConfig>(),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(matches!(
+            "onebit:ef=maybe".parse::<CodecConfig>(),
+            Err(ConfigError::BadValue { .. })
+        ));
+    }
+}

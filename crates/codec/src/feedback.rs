@@ -1,0 +1,224 @@
+//! Error feedback (Seide 2014; Strom 2015; Karimireddy et al. 2019, "Error Feedback Fixes
+//! SignSGD and other Gradient Compression Schemes"): what a biased codec leaves out this
+//! step is added to the next step's gradient.
+//!
+//! With residual `r` (zero at first): `x = g + r`, send `encode(x)`, then
+//! `r = x - decode(encode(x))`, so `sent + r_new == g + r_old` up to one rounding. Codecs
+//! may fuse the three passes ([`Codec::encode_feedback`]); otherwise the wrapper runs them
+//! with a reused scratch buffer. The residual is part of the saved state.
+//!
+//! State layout: `GWS` + inner codec id, `u64` 0x4546 ("EF"), the residual (`u64` length
+//! and `f32`s), then the inner codec's state (`u64` length and bytes).
+
+use crate::{Codec, CodecId, DecodeError, Progress, SparseGrad, StateReader, StateWriter};
+
+const EF_TAG: u64 = 0x4546;
+
+/// Wraps a codec with a residual (error feedback).
+#[derive(Debug, Clone)]
+pub struct ErrorFeedback<C: Codec> {
+    inner: C,
+    residual: Vec<f32>,
+    scratch: Vec<f32>,
+    fused: bool,
+}
+
+/// Boxes `c`, wrapped in [`ErrorFeedback`] when `ef` is set.
+pub(crate) fn maybe_wrap<C: Codec + 'static>(c: C, ef: bool) -> Box<dyn Codec> {
+    if ef {
+        Box::new(ErrorFeedback::new(c))
+    } else {
+        Box::new(c)
+    }
+}
+
+impl<C: Codec> ErrorFeedback<C> {
+    /// Wraps `inner` with a zero residual (using its fused path when it has one).
+    pub fn new(inner: C) -> Self {
+        ErrorFeedback {
+            inner,
+            residual: Vec::new(),
+            scratch: Vec::new(),
+            fused: true,
+        }
+    }
+
+    /// Like [`ErrorFeedback::new`], but always runs the generic passes (for testing fused
+    /// paths against it).
+    pub fn new_generic(inner: C) -> Self {
+        ErrorFeedback {
+            fused: false,
+            ..Self::new(inner)
+        }
+    }
+
+    /// The current residual (empty before the first encode).
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
+    /// The wrapped codec.
+    pub fn inner(&self) -> &C {
+        &self.inner
+    }
+
+    fn fit(&mut self, n: usize) {
+        if self.residual.len() != n {
+            self.residual.clear();
+            self.residual.resize(n, 0.0);
+        }
+    }
+
+    fn load_x(&mut self, grad: &[f32]) {
+        self.scratch.clear();
+        self.scratch
+            .extend(grad.iter().zip(&self.residual).map(|(g, r)| g + r));
+    }
+}
+
+impl<C: Codec> Codec for ErrorFeedback<C> {
+    fn id(&self) -> CodecId {
+        self.inner.id()
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        self.fit(grad.len());
+        if self.fused && self.inner.encode_feedback(grad, &mut self.residual, out) {
+            return;
+        }
+        self.load_x(grad);
+        self.inner.encode(&self.scratch, out);
+        // r = -(-x + decode(out)) = x - decode(out), exactly as a direct subtraction.
+        for (r, x) in self.residual.iter_mut().zip(&self.scratch) {
+            *r = -x;
+        }
+        if self.inner.decode_add(out, &mut self.residual).is_ok() {
+            for r in &mut self.residual {
+                *r = -*r;
+            }
+        } else {
+            // Only non-finite input makes a payload its own decoder refuses; the receivers
+            // will refuse it too. Do not carry the poison into later steps.
+            self.residual.fill(0.0);
+        }
+    }
+
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        self.inner.decode_add(payload, acc)
+    }
+
+    fn set_progress(&mut self, progress: Progress) {
+        self.inner.set_progress(progress)
+    }
+
+    fn local_scalar(&self, grad: &[f32]) -> Option<f32> {
+        if self.residual.len() != grad.len() {
+            return self.inner.local_scalar(grad);
+        }
+        let x: Vec<f32> = grad
+            .iter()
+            .zip(&self.residual)
+            .map(|(g, r)| g + r)
+            .collect();
+        self.inner.local_scalar(&x)
+    }
+
+    fn set_shared_scalar(&mut self, value: f32) {
+        self.inner.set_shared_scalar(value)
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+        self.fit(grad.len());
+        self.load_x(grad);
+        if !self.inner.encode_sparse(&self.scratch, out) {
+            return false;
+        }
+        std::mem::swap(&mut self.residual, &mut self.scratch);
+        for (&i, &v) in out.indices.iter().zip(&out.values) {
+            if let Some(r) = self.residual.get_mut(i as usize) {
+                *r -= v;
+            }
+        }
+        true
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        StateWriter::new(self.inner.id())
+            .u64(EF_TAG)
+            .f32s(&self.residual)
+            .bytes(&self.inner.save_state())
+            .finish()
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
+        let mut r = StateReader::new(state, self.inner.id())?;
+        if r.u64()? != EF_TAG {
+            return Err(DecodeError::InvalidField {
+                field: "state",
+                reason: "not an error-feedback state",
+            });
+        }
+        let mut residual = Vec::new();
+        r.f32s_into(&mut residual)?;
+        let inner = r.bytes()?;
+        r.finish()?;
+        self.inner.load_state(inner)?;
+        self.residual = residual;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fp16, OneBit, SignSgd};
+
+    fn grad(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32) ^ seed).wrapping_mul(2654435761) as f32 / 4.3e9 - 0.5) * 0.1)
+            .collect()
+    }
+
+    fn conserves<C: Codec>(mut ef: ErrorFeedback<C>) {
+        let n = 3001;
+        let mut out = Vec::new();
+        let mut old = vec![0.0f32; n];
+        for step in 0..6 {
+            let g = grad(n, step);
+            ef.encode(&g, &mut out);
+            let mut sent = vec![0.0f32; n];
+            ef.decode_add(&out, &mut sent).unwrap();
+            for i in 0..n {
+                let lhs = sent[i] + ef.residual()[i];
+                let rhs = g[i] + old[i];
+                assert!((lhs - rhs).abs() <= 1e-6 * (1.0 + rhs.abs()), "{lhs} {rhs}");
+            }
+            old = ef.residual().to_vec();
+        }
+    }
+
+    #[test]
+    fn conserves_the_signal() {
+        conserves(ErrorFeedback::new(OneBit::new(300, &[])));
+        conserves(ErrorFeedback::new_generic(OneBit::new(300, &[])));
+        conserves(ErrorFeedback::new(SignSgd::new(&[1000, 2001])));
+        conserves(ErrorFeedback::new_generic(SignSgd::new(&[1000, 2001])));
+        conserves(ErrorFeedback::new(Fp16));
+    }
+
+    #[test]
+    fn state_resumes_exactly() {
+        let mut a = ErrorFeedback::new(OneBit::new(64, &[]));
+        let mut out = Vec::new();
+        a.encode(&grad(500, 1), &mut out);
+        let s = a.save_state();
+        let mut b = ErrorFeedback::new(OneBit::new(64, &[]));
+        b.load_state(&s).unwrap();
+        let (mut oa, mut ob) = (Vec::new(), Vec::new());
+        a.encode(&grad(500, 2), &mut oa);
+        b.encode(&grad(500, 2), &mut ob);
+        assert_eq!(oa, ob);
+        assert!(b.load_state(&s[..s.len() - 1]).is_err());
+        assert!(ErrorFeedback::new(Fp16).load_state(&s).is_err());
+    }
+}

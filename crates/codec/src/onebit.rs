@@ -1,0 +1,296 @@
+//! `onebit`: 1-bit SGD (Seide, Fu, Droppo, Li, Yu, "1-Bit Stochastic Gradient Descent and its
+//! Application to Data-Parallel Distributed Training of Speech DNNs", INTERSPEECH 2014).
+//!
+//! Each column is quantized with threshold 0: an element `x >= 0` sends bit 1, `x < 0` bit 0,
+//! and the column sends the two values that minimize the squared error of that split: the
+//! mean of its entries on each side (0 for an empty side). Error feedback is essential (the
+//! paper's training diverges without it), so the spec default is `ef=true`: the residual
+//! `x - decode(x)` is added to the next step's gradient.
+//!
+//! Columns: every tensor of [`crate::BuildContext::layout`] (or the whole gradient when the
+//! layout does not match its length) is cut into runs of `column` consecutive elements, the
+//! last one shorter; `column=0` makes each tensor one column. With row-major `[out, in]`
+//! weights and `column = in`, that is one column per output neuron.
+//!
+//! Wire layout: the 12-byte [`crate::Header`] (codec 3), then for each column of `c`
+//! elements, in order:
+//! ```text
+//! 0..4          pos   f32  mean of the entries >= 0
+//! 4..8          neg   f32  mean of the entries < 0
+//! 8..8+4*ceil(c/32)        sign bits, 32 per u32 word, lane-packed (see below)
+//! ```
+//! Bits use the lane-parallel packing of `pack.rs`: in each block of 512 elements, element
+//! `32 * 0 + 16 * j + l`... precisely, element `j * 16 + l` of a block is bit `j` of word `l`;
+//! a final partial block of `r` elements has `ceil(r/32)` words with element `j * lanes + l`
+//! at bit `j` of word `l`. Ratio: `32 c / (c + 64)` per column of `c` (about 31 for 2048).
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::layout::{expect_len, f32_at, finite, segments};
+use crate::pack::{pack, packed_bytes, unpack_add};
+use crate::{BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN};
+
+/// Parameters of 1-bit SGD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OneBitConfig {
+    /// Elements per column (0: one column per tensor).
+    pub column: usize,
+    /// Error feedback (default on).
+    pub ef: bool,
+}
+
+impl Default for OneBitConfig {
+    fn default() -> Self {
+        OneBitConfig {
+            column: 2048,
+            ef: true,
+        }
+    }
+}
+
+impl OneBitConfig {
+    /// Reads `column=` and `ef=`.
+    pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
+        Ok(OneBitConfig {
+            column: p.usize_in("column", Some(2048), 0, 1 << 30)?,
+            ef: p.bool("ef", true)?,
+        })
+    }
+
+    /// The runtime codec.
+    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
+        let c = OneBit::new(self.column, &ctx.layout);
+        crate::feedback::maybe_wrap(c, self.ef)
+    }
+}
+
+impl fmt::Display for OneBitConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "column={},ef={}", self.column, self.ef)
+    }
+}
+
+/// The 1-bit quantizer (without error feedback; wrap it in [`crate::ErrorFeedback`]).
+#[derive(Debug, Clone)]
+pub struct OneBit {
+    column: usize,
+    layout: Vec<usize>,
+}
+
+/// The columns of a gradient of `len` elements.
+fn columns(layout: &[usize], len: usize, column: usize) -> impl Iterator<Item = Range<usize>> + '_ {
+    segments(layout, len).flat_map(move |seg| {
+        let step = if column == 0 {
+            seg.len().max(1)
+        } else {
+            column
+        };
+        let (s, e) = (seg.start, seg.end);
+        (s..e).step_by(step).map(move |a| a..(a + step).min(e))
+    })
+}
+
+/// Sum of entries >= 0, sum of entries < 0, count of entries >= 0.
+#[inline(always)]
+pub(crate) fn split_sums(x: &[f32]) -> (f32, f32, usize) {
+    const L: usize = 16;
+    let mut ps = [0f32; L];
+    let mut ns = [0f32; L];
+    let mut pc = [0u32; L];
+    let mut it = x.chunks_exact(L);
+    for c in &mut it {
+        for l in 0..L {
+            let v = c[l];
+            let p = v >= 0.0;
+            ps[l] += if p { v } else { 0.0 };
+            ns[l] += if p { 0.0 } else { v };
+            pc[l] += p as u32;
+        }
+    }
+    let (mut p, mut n, mut cnt) = (0f32, 0f32, 0usize);
+    for l in 0..L {
+        p += ps[l];
+        n += ns[l];
+        cnt += pc[l] as usize;
+    }
+    for &v in it.remainder() {
+        if v >= 0.0 {
+            p += v;
+            cnt += 1;
+        } else {
+            n += v;
+        }
+    }
+    (p, n, cnt)
+}
+
+/// Writes one column (scales and bits) into `dst`; returns `(pos, neg)`.
+#[inline(always)]
+fn encode_column(x: &[f32], dst: &mut [u8]) -> (f32, f32) {
+    let (ps, ns, pc) = split_sums(x);
+    let nc = x.len() - pc;
+    let pos = if pc > 0 { ps / pc as f32 } else { 0.0 };
+    let neg = if nc > 0 { ns / nc as f32 } else { 0.0 };
+    dst[0..4].copy_from_slice(&pos.to_le_bytes());
+    dst[4..8].copy_from_slice(&neg.to_le_bytes());
+    pack::<1>(x, 0, &mut dst[8..], |v, _| (v >= 0.0) as u32);
+    (pos, neg)
+}
+
+impl OneBit {
+    /// A 1-bit quantizer with columns of `column` elements over the tensors of `layout`.
+    pub fn new(column: usize, layout: &[usize]) -> Self {
+        OneBit {
+            column,
+            layout: layout.to_vec(),
+        }
+    }
+
+    fn body_len(&self, n: usize) -> usize {
+        columns(&self.layout, n, self.column)
+            .map(|c| 8 + packed_bytes(c.len(), 1))
+            .sum()
+    }
+}
+
+impl Codec for OneBit {
+    fn id(&self) -> CodecId {
+        CodecId::OneBit
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        Header::write(out, CodecId::OneBit, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        let mut at = HEADER_LEN;
+        for c in columns(&self.layout, grad.len(), self.column) {
+            let len = 8 + packed_bytes(c.len(), 1);
+            encode_column(&grad[c], &mut out[at..at + len]);
+            at += len;
+        }
+    }
+
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
+        Header::write(out, CodecId::OneBit, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        let mut at = HEADER_LEN;
+        for c in columns(&self.layout, grad.len(), self.column) {
+            let len = 8 + packed_bytes(c.len(), 1);
+            let r = &mut residual[c.clone()];
+            for (r, g) in r.iter_mut().zip(&grad[c]) {
+                *r += g;
+            }
+            let (pos, neg) = encode_column(r, &mut out[at..at + len]);
+            for v in r.iter_mut() {
+                *v -= if *v >= 0.0 { pos } else { neg };
+            }
+            at += len;
+        }
+        true
+    }
+
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        let body = Header::check(payload, CodecId::OneBit, acc.len())?;
+        expect_len(body, self.body_len(acc.len()))?;
+        let mut at = 0;
+        for c in columns(&self.layout, acc.len(), self.column) {
+            finite(f32_at(body, at), "onebit pos")?;
+            finite(f32_at(body, at + 4), "onebit neg")?;
+            at += 8 + packed_bytes(c.len(), 1);
+        }
+        let mut at = 0;
+        for c in columns(&self.layout, acc.len(), self.column) {
+            let len = 8 + packed_bytes(c.len(), 1);
+            let (pos, neg) = (f32_at(body, at), f32_at(body, at + 4));
+            unpack_add::<1>(&body[at + 8..at + len], &mut acc[c], |b| {
+                if b != 0 {
+                    pos
+                } else {
+                    neg
+                }
+            });
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorFeedback;
+
+    fn grad(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32 ^ seed).wrapping_mul(2654435761) as f32 / 4e9 - 0.5) * 2.0)
+            .collect()
+    }
+
+    #[test]
+    fn keeps_every_sign_and_means() {
+        for n in [0, 1, 7, 33, 600, 5000] {
+            let g = grad(n, 3);
+            let mut c = OneBit::new(256, &[]);
+            let mut out = Vec::new();
+            c.encode(&g, &mut out);
+            assert_eq!(out.len(), HEADER_LEN + c.body_len(n));
+            let mut d = vec![0.0; n];
+            c.decode_add(&out, &mut d).unwrap();
+            for (x, y) in g.iter().zip(&d) {
+                assert!(*x >= 0.0 && *y >= 0.0 || *x < 0.0 && *y < 0.0, "{x} {y}");
+            }
+            // Per column, the decoded sum equals the input sum (the means are exact).
+            for ch in (0..n).step_by(256) {
+                let e = (ch + 256).min(n);
+                let sx: f32 = g[ch..e].iter().sum();
+                let sy: f32 = d[ch..e].iter().sum();
+                assert!((sx - sy).abs() < 1e-3 * (e - ch) as f32, "{sx} {sy}");
+            }
+        }
+    }
+
+    #[test]
+    fn ratio_matches_formula() {
+        let n = 1 << 20;
+        let g = grad(n, 1);
+        let mut c = OneBit::new(2048, &[]);
+        let mut out = Vec::new();
+        c.encode(&g, &mut out);
+        let cols = n / 2048;
+        assert_eq!(out.len(), HEADER_LEN + cols * (8 + 2048 / 8));
+        let ratio = (n * 4) as f64 / (out.len() - HEADER_LEN) as f64;
+        assert!((ratio - 32.0 * 2048.0 / (2048.0 + 64.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn layout_columns_and_fused_feedback_match_generic() {
+        let layout = vec![100, 0, 3000, 17];
+        let n: usize = layout.iter().sum();
+        let mut fused = ErrorFeedback::new(OneBit::new(512, &layout));
+        let mut generic = ErrorFeedback::new_generic(OneBit::new(512, &layout));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for step in 0..5 {
+            let g = grad(n, step);
+            fused.encode(&g, &mut a);
+            generic.encode(&g, &mut b);
+            assert_eq!(a, b);
+            assert_eq!(fused.residual(), generic.residual());
+        }
+        assert_eq!(columns(&layout, n, 512).count(), 1 + 6 + 1);
+    }
+
+    #[test]
+    fn rejects_bad_scales() {
+        let g = grad(100, 1);
+        let mut c = OneBit::new(0, &[]);
+        let mut out = Vec::new();
+        c.encode(&g, &mut out);
+        out[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        let mut acc = vec![0.0; 100];
+        assert!(matches!(
+            c.decode_add(&out, &mut acc),
+            Err(DecodeError::InvalidField { .. })
+        ));
+        assert!(acc.iter().all(|&a| a == 0.0));
+    }
+}

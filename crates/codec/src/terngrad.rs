@@ -1,0 +1,323 @@
+//! `terngrad`: TernGrad (Wen, Xu, Yan, Wu, Wang, Chen, Li, "TernGrad: Ternary Gradients to
+//! Reduce Communication in Distributed Deep Learning", NeurIPS 2017).
+//!
+//! Per tensor (layer-wise): clip every element to `[-c sigma, c sigma]` (`sigma` = the
+//! tensor's standard deviation, `c = clip`, 2.5 by default, 0 turns clipping off), take
+//! `s = max |clipped|`, and send `s * sign(x_k) * b_k` with `b_k ~ Bernoulli(|x_k| / s)`:
+//! unbiased for the clipped gradient. Scalar sharing: [`Codec::local_scalar`] returns this
+//! rank's `max s` over its tensors; after the ranks agree on the max and call
+//! [`Codec::set_shared_scalar`], the next encode uses that one scale for every tensor, so the
+//! ternaries of all ranks share it and sum as small integers. The Bernoulli draws come from
+//! the codec's `(seed, rank, step)` stream ([`crate::StepRng`]).
+//!
+//! Wire layout: the 12-byte [`crate::Header`] (codec 8), then for each tensor of the layout
+//! (or the whole gradient when the layout does not match) of `d` elements:
+//! ```text
+//! 0..4                s     f32  the scale
+//! 4..4+4*ceil(d/16)   codes      2 bits each: 0 = 0, 1 = +s, 2 = -s (3 is invalid),
+//!                                16 per u32 word, lane-packed (see `pack.rs`)
+//! ```
+//! Ratio: `32 d / (32 + 32 ceil(d/16))`, about 16.
+
+use std::fmt;
+
+use crate::layout::{expect_len, f32_at, finite, segments};
+use crate::pack::{pack, packed_bytes, unpack_add, LANES};
+use crate::rng::uniform;
+use crate::{
+    BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress, StateReader,
+    StateWriter, StepRng, HEADER_LEN,
+};
+
+/// Parameters of TernGrad.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TernGradConfig {
+    /// Clip at `clip * sigma` (0: no clipping).
+    pub clip: f64,
+    /// Error feedback (default off: TernGrad is unbiased).
+    pub ef: bool,
+}
+
+impl Default for TernGradConfig {
+    fn default() -> Self {
+        TernGradConfig {
+            clip: 2.5,
+            ef: false,
+        }
+    }
+}
+
+impl TernGradConfig {
+    /// Reads `clip=` and `ef=`.
+    pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
+        Ok(TernGradConfig {
+            clip: p.f64_in("clip", Some(2.5), 0.0, 1e6)?,
+            ef: p.bool("ef", false)?,
+        })
+    }
+
+    /// The runtime codec.
+    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
+        let c = TernGrad::new(self.clip as f32, &ctx.layout, ctx.seed, ctx.rank);
+        crate::feedback::maybe_wrap(c, self.ef)
+    }
+}
+
+impl fmt::Display for TernGradConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "clip={},ef={}", self.clip, self.ef)
+    }
+}
+
+/// The TernGrad ternarizer.
+#[derive(Debug, Clone)]
+pub struct TernGrad {
+    clip: f32,
+    layout: Vec<usize>,
+    rng: StepRng,
+    shared: Option<f32>,
+}
+
+/// Clip bound and local scale of one tensor: `(c sigma or inf, max |clipped|)`.
+fn tensor_stats(x: &[f32], clip: f32) -> (f32, f32) {
+    const BLOCK: usize = 4096;
+    let (mut sum, mut sq, mut mx) = (0f64, 0f64, 0f32);
+    for b in x.chunks(BLOCK) {
+        let (mut s, mut q, mut m) = ([0f32; LANES], [0f32; LANES], [0f32; LANES]);
+        let mut it = b.chunks_exact(LANES);
+        for c in &mut it {
+            for l in 0..LANES {
+                s[l] += c[l];
+                q[l] += c[l] * c[l];
+                m[l] = m[l].max(c[l].abs());
+            }
+        }
+        for &v in it.remainder() {
+            s[0] += v;
+            q[0] += v * v;
+            m[0] = m[0].max(v.abs());
+        }
+        sum += s.iter().map(|&v| v as f64).sum::<f64>();
+        sq += q.iter().map(|&v| v as f64).sum::<f64>();
+        mx = m.iter().fold(mx, |a, &b| a.max(b));
+    }
+    if clip <= 0.0 || x.is_empty() {
+        return (f32::INFINITY, mx);
+    }
+    let n = x.len() as f64;
+    let var = (sq / n - (sum / n).powi(2)).max(0.0);
+    let bound = (clip as f64 * var.sqrt()) as f32;
+    (bound, mx.min(bound))
+}
+
+impl TernGrad {
+    /// A ternarizer clipping at `clip` standard deviations (0: none) over the tensors of
+    /// `layout`, for `rank` of a run seeded with `seed`.
+    pub fn new(clip: f32, layout: &[usize], seed: u64, rank: usize) -> Self {
+        TernGrad {
+            clip,
+            layout: layout.to_vec(),
+            rng: StepRng::new(seed, rank),
+            shared: None,
+        }
+    }
+
+    fn body_len(&self, n: usize) -> usize {
+        segments(&self.layout, n)
+            .map(|s| 4 + packed_bytes(s.len(), 2))
+            .sum()
+    }
+}
+
+impl Codec for TernGrad {
+    fn id(&self) -> CodecId {
+        CodecId::TernGrad
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        let key = self.rng.next_key();
+        let shared = self.shared.take();
+        Header::write(out, CodecId::TernGrad, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        let mut at = HEADER_LEN;
+        for seg in segments(&self.layout, grad.len()) {
+            let x = &grad[seg.clone()];
+            let len = 4 + packed_bytes(x.len(), 2);
+            let dst = &mut out[at..at + len];
+            let (bound, local) = tensor_stats(x, self.clip);
+            let s = shared.unwrap_or(local);
+            dst[..4].copy_from_slice(&s.to_le_bytes());
+            let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+            pack::<2>(x, seg.start as u32, &mut dst[4..], |v, i| {
+                let p = v.abs().min(bound) * inv;
+                let b = (uniform(key, i) < p) as u32;
+                b << (v < 0.0) as u32
+            });
+            at += len;
+        }
+    }
+
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        let body = Header::check(payload, CodecId::TernGrad, acc.len())?;
+        expect_len(body, self.body_len(acc.len()))?;
+        let mut at = 0;
+        for seg in segments(&self.layout, acc.len()) {
+            let len = 4 + packed_bytes(seg.len(), 2);
+            finite(f32_at(body, at), "terngrad scale")?;
+            let mut bad = 0u32;
+            for c in body[at + 4..at + len].chunks_exact(4) {
+                let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                bad |= w & (w >> 1) & 0x5555_5555;
+            }
+            if bad != 0 {
+                return Err(DecodeError::InvalidField {
+                    field: "terngrad code",
+                    reason: "code 3",
+                });
+            }
+            at += len;
+        }
+        let mut at = 0;
+        for seg in segments(&self.layout, acc.len()) {
+            let len = 4 + packed_bytes(seg.len(), 2);
+            let s = f32_at(body, at);
+            unpack_add::<2>(&body[at + 4..at + len], &mut acc[seg], |c| {
+                ((c & 1) as f32 - (c >> 1) as f32) * s
+            });
+            at += len;
+        }
+        Ok(())
+    }
+
+    fn is_unbiased(&self) -> bool {
+        true
+    }
+
+    fn set_progress(&mut self, progress: Progress) {
+        self.rng.set_step(progress.step);
+    }
+
+    fn local_scalar(&self, grad: &[f32]) -> Option<f32> {
+        Some(
+            segments(&self.layout, grad.len())
+                .map(|s| tensor_stats(&grad[s], self.clip).1)
+                .fold(0f32, f32::max),
+        )
+    }
+
+    fn set_shared_scalar(&mut self, value: f32) {
+        self.shared = Some(value);
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        let mut w = StateWriter::new(CodecId::TernGrad);
+        self.rng.save(&mut w);
+        w.u64(self.shared.map_or(u64::MAX, |v| v.to_bits() as u64));
+        w.finish()
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
+        let mut r = StateReader::new(state, CodecId::TernGrad)?;
+        let mut rng = self.rng.clone();
+        rng.load(&mut r)?;
+        let shared = match r.u64()? {
+            u64::MAX => None,
+            v if v <= u32::MAX as u64 => Some(f32::from_bits(v as u32)),
+            _ => {
+                return Err(DecodeError::InvalidField {
+                    field: "state",
+                    reason: "bad shared scalar",
+                })
+            }
+        };
+        r.finish()?;
+        self.rng = rng;
+        self.shared = shared;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grad(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * 0.71).sin() * (i as f32 * 0.05).cos()) * 0.02)
+            .collect()
+    }
+
+    #[test]
+    fn unbiased_without_clipping_and_ternary() {
+        let g = grad(700);
+        let mut t = TernGrad::new(0.0, &[300, 400], 9, 2);
+        let trials = 3000;
+        let mut mean = vec![0f64; g.len()];
+        let mut out = Vec::new();
+        let mut d = vec![0f32; g.len()];
+        for _ in 0..trials {
+            t.encode(&g, &mut out);
+            d.fill(0.0);
+            t.decode_add(&out, &mut d).unwrap();
+            let s0 = f32_at(&out, HEADER_LEN);
+            for i in 0..300 {
+                assert!(d[i] == 0.0 || d[i].abs() == s0);
+            }
+            for i in 0..g.len() {
+                mean[i] += d[i] as f64 / trials as f64;
+            }
+        }
+        for (seg, x) in [(0..300), (300..700)]
+            .into_iter()
+            .map(|r| (r.clone(), &g[r]))
+        {
+            let s = x.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+            let se = s * 0.5 / (trials as f64).sqrt();
+            for (i, &v) in seg.zip(x) {
+                assert!((mean[i] - v as f64).abs() <= 5.0 * se, "{i}");
+            }
+        }
+    }
+
+    #[test]
+    fn clipping_bounds_the_scale_and_sharing_sets_it() {
+        let mut g = grad(1000);
+        g[10] = 100.0; // an outlier
+        let mut t = TernGrad::new(2.5, &[], 1, 0);
+        let local = t.local_scalar(&g).unwrap();
+        assert!(local < 10.0, "{local}");
+        let mut out = Vec::new();
+        t.encode(&g, &mut out);
+        assert_eq!(f32_at(&out, HEADER_LEN), local);
+        t.set_shared_scalar(local * 2.0);
+        t.encode(&g, &mut out);
+        assert_eq!(f32_at(&out, HEADER_LEN), local * 2.0);
+        t.encode(&g, &mut out);
+        assert_eq!(
+            f32_at(&out, HEADER_LEN),
+            local,
+            "the shared scale is one-shot"
+        );
+        assert_eq!(out.len(), HEADER_LEN + 4 + 4 * 1000usize.div_ceil(16));
+    }
+
+    #[test]
+    fn rejects_code_three_and_resumes_state() {
+        let g = grad(100);
+        let mut t = TernGrad::new(2.5, &[], 1, 0);
+        let mut out = Vec::new();
+        t.encode(&g, &mut out);
+        let s = t.save_state();
+        let mut bad = out.clone();
+        bad[HEADER_LEN + 4] |= 3;
+        let mut acc = vec![0.0; 100];
+        assert!(t.decode_add(&bad, &mut acc).is_err());
+        assert!(acc.iter().all(|&a| a == 0.0));
+        let mut t2 = TernGrad::new(2.5, &[], 1, 0);
+        t2.load_state(&s).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        t.encode(&g, &mut a);
+        t2.encode(&g, &mut b);
+        assert_eq!(a, b);
+    }
+}
