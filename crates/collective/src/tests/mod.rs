@@ -18,15 +18,14 @@ pub(crate) fn local_world(n: usize) -> Vec<Box<dyn Transport>> {
         .collect()
 }
 
-// TCP: the lead adds this when `gradwire_transport::tcp` lands, plus one line in
-// `for_each_transport!` below.
-// pub(crate) fn tcp_world(n: usize) -> Vec<Box<dyn Transport>> {
-//     gradwire_transport::tcp::loopback_world(n)
-//         .expect("tcp loopback world")
-//         .into_iter()
-//         .map(|t| Box::new(t) as Box<dyn Transport>)
-//         .collect()
-// }
+/// A TCP world on 127.0.0.1 (full mesh, one process).
+pub(crate) fn tcp_world(n: usize) -> Vec<Box<dyn Transport>> {
+    gradwire_transport::tcp::loopback_world(n)
+        .expect("tcp loopback world")
+        .into_iter()
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .collect()
+}
 
 /// Runs `f` on every rank of `world`, one thread each, and returns the ranks' results in
 /// rank order. A rank's transport is dropped when its `f` returns, so a rank that fails
@@ -64,11 +63,10 @@ macro_rules! for_each_transport {
             fn local() {
                 $body(&$crate::tests::local_world)
             }
-            // TCP goes here (lead): uncomment with `tcp_world` in tests/mod.rs.
-            // #[test]
-            // fn tcp() {
-            //     $body(&$crate::tests::tcp_world)
-            // }
+            #[test]
+            fn tcp() {
+                $body(&$crate::tests::tcp_world)
+            }
         }
     };
 }
