@@ -2,8 +2,8 @@
 //!
 //! This layer owns the algorithms that combine every rank's buffer — all-reduce
 //! (ring, recursive doubling, Rabenseifner, chosen by size in [`select`]), reduce-scatter,
-//! all-gather (equal and variable sizes), broadcast and barrier — and the all-reduces that
-//! carry codec payloads. It sees only `rank`, `world_size` and
+//! all-gather (equal and variable sizes), broadcast and barrier — and, in [`compressed`],
+//! the all-reduces that carry codec payloads. It sees only `rank`, `world_size` and
 //! point-to-point messages; it must never know how bytes move (sockets, channels, MPI) or
 //! what a model or an optimizer is.
 //!
@@ -35,6 +35,7 @@
 
 pub mod broadcast;
 pub mod chunks;
+pub mod compressed;
 mod element;
 mod error;
 mod exchange;

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use gradwire_transport::{local::Local, Transport};
 
+mod compressed;
 mod dense;
+mod real_codecs;
 
 /// A world factory: builds `n` connected ranks.
 pub(crate) type WorldFactory = dyn Fn(usize) -> Vec<Box<dyn Transport>> + Sync;

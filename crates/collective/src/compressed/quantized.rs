@@ -1,0 +1,155 @@
+//! Quantized ring reduce-scatter + all-gather (Dryden, Moon, Jacobs, Van Essen, MLHPC 2016;
+//! the stripes of 1-bit SGD, Seide et al. 2014).
+//!
+//! ```text
+//! reduce-scatter: step s, rank r: encode(partial chunk r-s-1) with codec rs[r-s-1] ──▶ right
+//!                                 decode_add(payload from left) into chunk r-s-2 (f32 add)
+//! owner r now holds chunk r summed in full precision; encode it ONCE with codec ag
+//! all-gather:     ring all-gather of the P payloads (forwarded, never re-compressed),
+//!                 every rank (owner included) decodes every chunk → identical bits
+//! ```
+//!
+//! Error feedback lives in the codecs: each rank keeps one reduce-scatter codec per chunk
+//! (each partial chunk it forwards has its own residual, Dryden's `qerror`) and one
+//! all-gather codec for the chunk it owns (Dryden's `im_qerror`). Build them with a factory
+//! that wraps each in error feedback as wanted.
+
+use std::ops::Range;
+
+use gradwire_codec::Codec;
+use gradwire_transport::Transport;
+
+use super::Reduce;
+use crate::ring::{left, reduce_scatter_step, right};
+use crate::{chunks, gather, Error, Result};
+
+/// Which leg of the quantized all-reduce a codec serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Leg {
+    /// Compresses (and decodes) partial sums of one chunk on the reduce-scatter ring.
+    ReduceScatter,
+    /// Compresses the fully reduced chunk this rank owns, once, for the all-gather.
+    AllGather,
+}
+
+/// Dryden's quantized all-reduce for tensors of one length on one world, with the per-chunk
+/// codec state it carries across steps.
+pub struct QuantizedAllReduce {
+    len: usize,
+    rank: usize,
+    world: usize,
+    /// `rs[c]`: encodes this rank's partial chunk `c`; `rs[rank]` only decodes.
+    rs: Vec<Box<dyn Codec>>,
+    ag: Box<dyn Codec>,
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    gathered: Vec<Vec<u8>>,
+    rs_bytes: u64,
+    ag_bytes: u64,
+}
+
+impl QuantizedAllReduce {
+    /// Builds the codecs for a tensor of `len` elements on rank `rank` of `world`:
+    /// `factory(Leg::ReduceScatter, c)` for every chunk `c` in `0..world`, then
+    /// `factory(Leg::AllGather, rank)`. Every rank must build the same codec types per
+    /// `(leg, chunk)`, since a chunk's payloads are decoded by other ranks' instances.
+    pub fn new(
+        len: usize,
+        rank: usize,
+        world: usize,
+        mut factory: impl FnMut(Leg, usize) -> Box<dyn Codec>,
+    ) -> Self {
+        assert!(rank < world, "rank {rank} of {world}");
+        let rs = (0..world).map(|c| factory(Leg::ReduceScatter, c)).collect();
+        let ag = factory(Leg::AllGather, rank);
+        QuantizedAllReduce {
+            len,
+            rank,
+            world,
+            rs,
+            ag,
+            send: Vec::new(),
+            recv: Vec::new(),
+            gathered: Vec::new(),
+            rs_bytes: 0,
+            ag_bytes: 0,
+        }
+    }
+
+    /// The element range of chunk `c`.
+    pub fn chunk(&self, c: usize) -> Range<usize> {
+        chunks::range(self.len, self.world, c)
+    }
+
+    /// The reduce-scatter codec of chunk `c` (for progress, state save/load).
+    pub fn rs_codec_mut(&mut self, c: usize) -> &mut dyn Codec {
+        &mut *self.rs[c]
+    }
+
+    /// The all-gather codec (for progress, state save/load).
+    pub fn ag_codec_mut(&mut self) -> &mut dyn Codec {
+        &mut *self.ag
+    }
+
+    /// Payload bytes this rank has sent on the reduce-scatter and all-gather legs so far
+    /// (frame headers excluded), as Dryden counts them separately.
+    pub fn bytes_by_leg(&self) -> (u64, u64) {
+        (self.rs_bytes, self.ag_bytes)
+    }
+
+    /// Replaces `grad` by the quantized sum (or mean) over ranks.
+    pub fn all_reduce<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        grad: &mut [f32],
+        reduce: Reduce,
+    ) -> Result<()> {
+        if grad.len() != self.len {
+            return Err(Error::BadOutputLength {
+                expected: self.len,
+                got: grad.len(),
+            });
+        }
+        if t.rank() != self.rank || t.world_size() != self.world {
+            return Err(Error::Codec {
+                what: "QuantizedAllReduce was built for another rank or world size",
+            });
+        }
+        let (rank, world) = (self.rank, self.world);
+        let shared_scalar = Error::Codec {
+            what: "codecs needing a shared scalar (TernGrad) are not supported by the quantized ring; use GatherDecode",
+        };
+        let (to, from) = (right(rank, world), left(rank, world));
+        let before = t.bytes_sent();
+        for step in 0..world - 1 {
+            let (sc, rc) = reduce_scatter_step(rank, world, step);
+            let (sr, rr) = (self.chunk(sc), self.chunk(rc));
+            if self.rs[sc].local_scalar(&grad[sr.clone()]).is_some() {
+                return Err(shared_scalar);
+            }
+            self.rs[sc].encode(&grad[sr], &mut self.send);
+            t.send_recv(to, &self.send, from, &mut self.recv)?;
+            self.rs[rc]
+                .decode_add(&self.recv, &mut grad[rr])
+                .map_err(|source| Error::Decode { peer: from, source })?;
+        }
+        let mid = t.bytes_sent();
+        self.rs_bytes += mid - before;
+        let mine = self.chunk(rank);
+        if self.ag.local_scalar(&grad[mine.clone()]).is_some() {
+            return Err(shared_scalar);
+        }
+        self.ag.encode(&grad[mine], &mut self.send);
+        gather::all_gather_bytes(t, &self.send, &mut self.gathered)?;
+        self.ag_bytes += t.bytes_sent() - mid;
+        for (c, payload) in self.gathered.iter().enumerate() {
+            let r = chunks::range(self.len, world, c);
+            grad[r.clone()].fill(0.0);
+            self.ag
+                .decode_add(payload, &mut grad[r])
+                .map_err(|source| Error::Decode { peer: c, source })?;
+        }
+        reduce.finish(grad, world);
+        Ok(())
+    }
+}

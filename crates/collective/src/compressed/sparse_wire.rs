@@ -1,0 +1,242 @@
+//! The sparse all-reduce's wire format (little-endian), small and total:
+//!
+//! ```text
+//! 0      magic  u8  = 0x53 ('S')
+//! 1      kind   u8  = 0 sparse | 1 dense
+//! 2..4   zero   u16 (reserved, must be 0)
+//! 4..8   nnz    u32 (sparse: number of pairs; dense: 0)
+//! 8..16  len    u64 (the tensor's element count; must equal the receiver's)
+//! sparse: nnz u32 indices (strictly increasing, < len), then nnz f32 values
+//! dense:  len f32 values
+//! ```
+//!
+//! [`decode`] checks every field and the exact total length; malformed input is an error
+//! naming the sender, never a panic, and never allocates beyond `len` elements.
+
+use gradwire_codec::SparseGrad;
+
+use crate::{Error, Result};
+
+/// Header length in bytes.
+pub const HEADER: usize = 16;
+const MAGIC: u8 = 0x53;
+const SPARSE: u8 = 0;
+const DENSE: u8 = 1;
+
+/// A decoded message: sparse pairs or a dense vector.
+pub(crate) enum Kind {
+    Sparse,
+    Dense,
+}
+
+/// Writes a sparse message for `s` (tensor length `len`) into `out` (cleared first).
+pub(crate) fn encode_sparse(s: &SparseGrad, len: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(HEADER + 8 * s.indices.len());
+    header(out, SPARSE, s.indices.len() as u32, len);
+    out.extend_from_slice(bytemuck::cast_slice(&s.indices));
+    out.extend_from_slice(bytemuck::cast_slice(&s.values));
+}
+
+/// Writes a dense message for `d` into `out` (cleared first).
+pub(crate) fn encode_dense(d: &[f32], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(HEADER + 4 * d.len());
+    header(out, DENSE, 0, d.len());
+    out.extend_from_slice(bytemuck::cast_slice(d));
+}
+
+fn header(out: &mut Vec<u8>, kind: u8, nnz: u32, len: usize) {
+    out.extend_from_slice(&[MAGIC, kind, 0, 0]);
+    out.extend_from_slice(&nnz.to_le_bytes());
+    out.extend_from_slice(&(len as u64).to_le_bytes());
+}
+
+/// Decodes `msg` from `peer` for a tensor of `len` elements: a sparse message into `sparse`
+/// (cleared first), a dense one into `dense` (resized to `len`).
+pub(crate) fn decode(
+    peer: usize,
+    msg: &[u8],
+    len: usize,
+    sparse: &mut SparseGrad,
+    dense: &mut Vec<f32>,
+) -> Result<Kind> {
+    let bad = |what| Error::Malformed { peer, what };
+    if msg.len() < HEADER {
+        return Err(bad("sparse all-reduce message shorter than its header"));
+    }
+    if msg[0] != MAGIC {
+        return Err(bad("bad magic in sparse all-reduce message"));
+    }
+    if msg[2] != 0 || msg[3] != 0 {
+        return Err(bad("reserved bytes not zero"));
+    }
+    let nnz = u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes")) as usize;
+    let their_len = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes"));
+    if their_len != len as u64 {
+        return Err(Error::LengthMismatch {
+            peer,
+            expected: len,
+            got: usize::try_from(their_len).unwrap_or(usize::MAX),
+        });
+    }
+    let body = &msg[HEADER..];
+    match msg[1] {
+        SPARSE => {
+            if nnz > len || body.len() != 8 * nnz {
+                return Err(bad("sparse message length disagrees with its pair count"));
+            }
+            sparse.clear();
+            let (idx, val) = body.split_at(4 * nnz);
+            let mut prev: Option<u32> = None;
+            for c in idx.chunks_exact(4) {
+                let i = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+                if (i as usize) >= len || prev.is_some_and(|p| i <= p) {
+                    return Err(bad(
+                        "sparse indices out of range or not strictly increasing",
+                    ));
+                }
+                prev = Some(i);
+                sparse.indices.push(i);
+            }
+            sparse.values.extend(
+                val.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+            );
+            Ok(Kind::Sparse)
+        }
+        DENSE => {
+            if nnz != 0 || body.len() != 4 * len {
+                return Err(bad("dense message length disagrees with the tensor length"));
+            }
+            dense.clear();
+            dense.extend(
+                body.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+            );
+            Ok(Kind::Dense)
+        }
+        _ => Err(bad("unknown message kind")),
+    }
+}
+
+/// Merges two sorted sparse vectors into `out` (cleared first), adding values at common
+/// indices (`a + b`, commutative, so both partners of an exchange get the same bits).
+pub(crate) fn merge(a: &SparseGrad, b: &SparseGrad, out: &mut SparseGrad) {
+    out.clear();
+    let (mut i, mut j) = (0, 0);
+    let (ai, bi) = (&a.indices, &b.indices);
+    while i < ai.len() && j < bi.len() {
+        match ai[i].cmp(&bi[j]) {
+            std::cmp::Ordering::Less => {
+                out.indices.push(ai[i]);
+                out.values.push(a.values[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.indices.push(bi[j]);
+                out.values.push(b.values[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                out.indices.push(ai[i]);
+                out.values.push(a.values[i] + b.values[j]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.indices.extend_from_slice(&ai[i..]);
+    out.values.extend_from_slice(&a.values[i..]);
+    out.indices.extend_from_slice(&bi[j..]);
+    out.values.extend_from_slice(&b.values[j..]);
+}
+
+/// Size of the union of two sorted index lists.
+pub(crate) fn union_len(a: &[u32], b: &[u32]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                i += 1;
+                j += 1;
+            }
+        }
+        n += 1;
+    }
+    n + (a.len() - i) + (b.len() - j)
+}
+
+/// Adds a sparse vector into a dense one.
+pub(crate) fn scatter_add(s: &SparseGrad, dense: &mut [f32]) {
+    for (&i, &v) in s.indices.iter().zip(&s.values) {
+        dense[i as usize] += v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sg(pairs: &[(u32, f32)]) -> SparseGrad {
+        SparseGrad {
+            indices: pairs.iter().map(|p| p.0).collect(),
+            values: pairs.iter().map(|p| p.1).collect(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_merge() {
+        let a = sg(&[(1, 1.0), (4, 2.0), (9, 3.0)]);
+        let b = sg(&[(0, 5.0), (4, 1.0)]);
+        let mut m = SparseGrad::default();
+        merge(&a, &b, &mut m);
+        assert_eq!(m, sg(&[(0, 5.0), (1, 1.0), (4, 3.0), (9, 3.0)]));
+        assert_eq!(union_len(&a.indices, &b.indices), 4);
+        let mut wire = Vec::new();
+        encode_sparse(&m, 10, &mut wire);
+        let (mut s, mut d) = (SparseGrad::default(), Vec::new());
+        assert!(matches!(
+            decode(3, &wire, 10, &mut s, &mut d),
+            Ok(Kind::Sparse)
+        ));
+        assert_eq!(s, m);
+        encode_dense(&[1.0, 2.0], &mut wire);
+        assert!(matches!(
+            decode(3, &wire, 2, &mut s, &mut d),
+            Ok(Kind::Dense)
+        ));
+        assert_eq!(d, [1.0, 2.0]);
+    }
+
+    #[test]
+    fn decode_is_total() {
+        let mut wire = Vec::new();
+        encode_sparse(&sg(&[(1, 1.0), (4, 2.0)]), 10, &mut wire);
+        let (mut s, mut d) = (SparseGrad::default(), Vec::new());
+        // Every truncation and every single-byte corruption is an error or a valid decode,
+        // never a panic.
+        for cut in 0..wire.len() {
+            assert!(decode(1, &wire[..cut], 10, &mut s, &mut d).is_err());
+        }
+        for pos in 0..wire.len() {
+            for v in [0u8, 1, 0x53, 0xff] {
+                let mut w = wire.clone();
+                w[pos] = v;
+                let _ = decode(1, &w, 10, &mut s, &mut d);
+            }
+        }
+        assert!(matches!(
+            decode(1, &wire, 11, &mut s, &mut d),
+            Err(Error::LengthMismatch { peer: 1, .. })
+        ));
+        // Unsorted indices are refused.
+        encode_sparse(&sg(&[(4, 1.0), (1, 2.0)]), 10, &mut wire);
+        assert!(matches!(
+            decode(2, &wire, 10, &mut s, &mut d),
+            Err(Error::Malformed { peer: 2, .. })
+        ));
+    }
+}
