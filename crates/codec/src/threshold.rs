@@ -1,0 +1,336 @@
+//! Threshold quantization — Strom, "Scalable Distributed DNN Training Using Commodity GPU Cloud
+//! Computing", INTERSPEECH 2015.
+//!
+//! A fixed threshold `tau` and a per-weight residual `r`: each step `r += g`; every element with
+//! `r > tau` sends `+tau` (and `r -= tau`), every element with `r < -tau` sends `-tau` (and
+//! `r += tau`); the rest sends nothing. Values are implicit, so only index and sign travel.
+//!
+//! Strom's messages are unbounded (a too small `tau` sends everything); here at most
+//! `ceil(max_ratio * n)` elements are sent per step (default `max_ratio=0.01`): when more
+//! qualify, those of largest `|r|` are sent and the others simply stay in the residual.
+//!
+//! Wire layout (little-endian):
+//! ```text
+//! 0..12   Header (codec id 4 = threshold, element count n)
+//! 12..16  tau f32 (finite, > 0)
+//! 16..24  count u64 (<= n)
+//! 24..    count words, (index << 1) | sign (sign 1 = -tau), indices strictly increasing, < n:
+//!           u32 words when n <= 2^31, u64 words when the tensor has more elements
+//! ```
+//! Size: `24 + 4 * count` bytes (`8 * count` above 2^31 elements).
+
+use std::fmt;
+
+use crate::sparse::{check_len, cut_to_k, k_for, key, read_f32, read_u64, scan_add_into};
+use crate::{
+    BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, SparseGrad,
+    StateReader, StateWriter, HEADER_LEN,
+};
+
+/// Parameters of `threshold:tau=0.01[,max_ratio=0.01]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThresholdConfig {
+    /// The threshold, > 0 (required).
+    pub tau: f64,
+    /// Most elements sent per step, as a fraction of the gradient (default 0.01).
+    pub max_ratio: f64,
+}
+
+impl ThresholdConfig {
+    /// Reads `tau` and `max_ratio`.
+    pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
+        let tau = p.f64_in("tau", None, 1e-30, f32::MAX as f64)?;
+        let max_ratio = p.f64_in("max_ratio", Some(0.01), 1e-9, 1.0)?;
+        Ok(ThresholdConfig { tau, max_ratio })
+    }
+
+    /// The canonical `key=value,...` parameters (parse back to `self`).
+    pub fn spec_params(&self) -> String {
+        self.to_string()
+    }
+
+    /// The runtime codec.
+    pub fn build(&self, _ctx: &BuildContext) -> Box<dyn Codec> {
+        Box::new(Threshold::new(self.clone()))
+    }
+}
+
+impl fmt::Display for ThresholdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tau={},max_ratio={}", self.tau, self.max_ratio)
+    }
+}
+
+/// Strom's threshold codec (with its residual).
+#[derive(Debug)]
+pub struct Threshold {
+    cfg: ThresholdConfig,
+    tau: f32,
+    residual: Vec<f32>,
+    cand: Vec<u32>,
+    scratch: Vec<u32>,
+    sel: SparseGrad,
+}
+
+/// Whether a tensor of `n` elements uses 64-bit words.
+fn wide(n: usize) -> bool {
+    n as u64 > 1 << 31
+}
+
+impl Threshold {
+    /// A threshold codec.
+    pub fn new(cfg: ThresholdConfig) -> Self {
+        Threshold {
+            tau: cfg.tau as f32,
+            cfg,
+            residual: Vec::new(),
+            cand: Vec::new(),
+            scratch: Vec::new(),
+            sel: SparseGrad::default(),
+        }
+    }
+
+    /// What was not sent yet.
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
+    /// Adds `grad` into the residual, picks the elements to send (increasing indices, values
+    /// `+-tau`) into `out` and takes them off the residual.
+    fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        let n = grad.len();
+        assert!(
+            n <= u32::MAX as usize,
+            "threshold selection uses u32 indices: {n} elements is too many"
+        );
+        out.clear();
+        if self.residual.len() != n {
+            self.residual.clear();
+            self.residual.resize(n, 0.0);
+        }
+        self.cand.clear();
+        scan_add_into(grad, &mut self.residual, key(self.tau), &mut self.cand);
+        let cap = k_for(self.cfg.max_ratio, n);
+        cut_to_k(&self.residual, cap, &mut self.cand, &mut self.scratch);
+        for &i in &self.cand {
+            let r = &mut self.residual[i as usize];
+            let v = self.tau.copysign(*r);
+            *r -= v;
+            out.indices.push(i);
+            out.values.push(v);
+        }
+    }
+}
+
+impl Codec for Threshold {
+    fn id(&self) -> CodecId {
+        CodecId::Threshold
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        let mut sel = std::mem::take(&mut self.sel);
+        self.select(grad, &mut sel);
+        let n = grad.len();
+        Header::write(out, CodecId::Threshold, n);
+        let w = if wide(n) { 8 } else { 4 };
+        out.reserve(12 + w * sel.indices.len());
+        out.extend_from_slice(&self.tau.to_le_bytes());
+        out.extend_from_slice(&(sel.indices.len() as u64).to_le_bytes());
+        for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+            let word = (u64::from(i) << 1) | u64::from(v.is_sign_negative());
+            if w == 8 {
+                out.extend_from_slice(&word.to_le_bytes());
+            } else {
+                out.extend_from_slice(&(word as u32).to_le_bytes());
+            }
+        }
+        self.sel = sel;
+    }
+
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        let n = acc.len();
+        Header::check(payload, CodecId::Threshold, n)?;
+        let tau = read_f32(payload, HEADER_LEN)?;
+        if !(tau.is_finite() && tau > 0.0) {
+            return Err(DecodeError::InvalidField {
+                field: "tau",
+                reason: "not a finite positive number",
+            });
+        }
+        let count = read_u64(payload, HEADER_LEN + 4)?;
+        if count > n as u64 {
+            return Err(DecodeError::InvalidField {
+                field: "count",
+                reason: "more words than elements",
+            });
+        }
+        let w = if wide(n) { 8 } else { 4 };
+        check_len(HEADER_LEN + 12 + w * count as usize, payload.len())?;
+        let words = &payload[HEADER_LEN + 12..];
+        let word = |c: &[u8]| -> u64 {
+            if w == 8 {
+                u64::from_le_bytes(c.try_into().expect("8 bytes"))
+            } else {
+                u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            }
+        };
+        let mut next = 0u64;
+        for c in words.chunks_exact(w) {
+            let i = word(c) >> 1;
+            if i >= n as u64 {
+                return Err(DecodeError::IndexOutOfRange { index: i, len: n });
+            }
+            if i < next {
+                return Err(DecodeError::InvalidField {
+                    field: "index",
+                    reason: "indices not strictly increasing",
+                });
+            }
+            next = i + 1;
+        }
+        for c in words.chunks_exact(w) {
+            let x = word(c);
+            acc[(x >> 1) as usize] += if x & 1 == 1 { -tau } else { tau };
+        }
+        Ok(())
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+        self.select(grad, out);
+        true
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        StateWriter::new(CodecId::Threshold)
+            .f32s(&self.residual)
+            .finish()
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
+        let mut r = StateReader::new(state, CodecId::Threshold)?;
+        let residual = r.f32s()?;
+        r.finish()?;
+        self.residual = residual;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codec(spec: &str) -> Threshold {
+        let mut p = Params::parse(spec).unwrap();
+        let cfg = ThresholdConfig::parse(&mut p).unwrap();
+        p.finish().unwrap();
+        Threshold::new(cfg)
+    }
+
+    fn grad(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| (((i ^ seed).wrapping_mul(2654435761) >> 8) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn sends_plus_minus_tau_and_keeps_the_rest() {
+        let mut c = codec("threshold:tau=0.5,max_ratio=1");
+        let g = [0.6f32, -0.7, 0.2, -0.1, 1.7, 0.0];
+        let mut out = Vec::new();
+        c.encode(&g, &mut out);
+        assert_eq!(out.len(), 24 + 4 * 3, "size formula");
+        let mut acc = vec![0.0; 6];
+        c.decode_add(&out, &mut acc).unwrap();
+        assert_eq!(acc, vec![0.5, -0.5, 0.0, 0.0, 0.5, 0.0]);
+        let want = [0.1f32, -0.2, 0.2, -0.1, 1.2, 0.0];
+        for (r, w) in c.residual().iter().zip(want) {
+            assert!((r - w).abs() < 1e-6);
+        }
+        // Next step with a zero gradient: only the element still above tau goes.
+        let mut s = SparseGrad::default();
+        c.encode_sparse(&[0.0; 6], &mut s);
+        assert_eq!(s.indices, vec![4]);
+        assert_eq!(s.values, vec![0.5]);
+    }
+
+    #[test]
+    fn caps_the_message_and_conserves_the_signal() {
+        let n = 10_000;
+        let mut c = codec("threshold:tau=0.1,max_ratio=0.01");
+        let mut before = vec![0.0f32; n];
+        let mut out = Vec::new();
+        for s in 0..3 {
+            let g = grad(n, s);
+            c.encode(&g, &mut out);
+            assert_eq!(out.len(), 24 + 4 * 100, "capped at 1% of 10k");
+            let mut sent = vec![0.0; n];
+            c.decode_add(&out, &mut sent).unwrap();
+            // The sent ones are the largest |x| of this step.
+            let x: Vec<f32> = g.iter().zip(&before).map(|(a, b)| a + b).collect();
+            let min_sent = (0..n)
+                .filter(|&i| sent[i] != 0.0)
+                .map(|i| x[i].abs())
+                .fold(f32::INFINITY, f32::min);
+            let max_kept = (0..n)
+                .filter(|&i| sent[i] == 0.0)
+                .map(|i| x[i].abs())
+                .fold(0.0, f32::max);
+            assert!(min_sent >= max_kept);
+            for i in 0..n {
+                assert!((sent[i] + c.residual()[i] - x[i]).abs() < 1e-5);
+                assert!(sent[i] == 0.0 || sent[i].abs() == 0.1f32);
+            }
+            before = c.residual().to_vec();
+        }
+        let st = c.save_state();
+        let mut d = codec("threshold:tau=0.1,max_ratio=0.01");
+        d.load_state(&st).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        c.encode(&grad(n, 7), &mut a);
+        d.encode(&grad(n, 7), &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn decoder_rejects_malformed() {
+        let n = 100;
+        let mut c = codec("threshold:tau=0.2,max_ratio=1");
+        let mut out = Vec::new();
+        c.encode(&grad(n, 3), &mut out);
+        assert!(out.len() > 32);
+        let mut acc = vec![0.0; n];
+        for cut in 0..out.len() {
+            assert!(c.decode_add(&out[..cut], &mut acc).is_err());
+        }
+        let mut bad = out.clone();
+        bad[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(matches!(
+            c.decode_add(&bad, &mut acc),
+            Err(DecodeError::InvalidField { field: "tau", .. })
+        ));
+        let mut bad = out.clone();
+        let at = bad.len() - 4;
+        bad[at..].copy_from_slice(&(200u32 << 1).to_le_bytes());
+        assert!(matches!(
+            c.decode_add(&bad, &mut acc),
+            Err(DecodeError::IndexOutOfRange { index: 200, .. })
+        ));
+        let mut bad = out.clone();
+        bad[at..].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            c.decode_add(&bad, &mut acc),
+            Err(DecodeError::InvalidField { field: "index", .. })
+        ));
+        let mut bad = out.clone();
+        bad[HEADER_LEN + 4..HEADER_LEN + 12].copy_from_slice(&(1u64 << 62).to_le_bytes());
+        assert!(c.decode_add(&bad, &mut acc).is_err());
+        bad.push(1);
+        assert!(c.decode_add(&bad, &mut acc).is_err());
+        assert!(acc.iter().all(|&v| v == 0.0));
+        let mut p = Params::parse(&format!("threshold:{}", c.cfg.spec_params())).unwrap();
+        assert_eq!(ThresholdConfig::parse(&mut p).unwrap(), c.cfg);
+        assert!(Params::parse("threshold")
+            .and_then(|mut p| ThresholdConfig::parse(&mut p))
+            .is_err());
+    }
+}
