@@ -29,6 +29,10 @@ mod signsgd;
 mod state;
 mod terngrad;
 // Sparse codecs (threshold, adaptive, topk, randomk, dgc): their `mod` lines go here.
+mod randomk;
+mod sparse;
+mod threshold;
+mod topk;
 
 pub use bf16::Bf16;
 pub use config::{CastConfig, CodecConfig, KNOWN};
@@ -45,6 +49,10 @@ pub use rng::StepRng;
 pub use signsgd::{SignSgd, SignSgdConfig};
 pub use state::{StateReader, StateWriter};
 pub use terngrad::{TernGrad, TernGradConfig};
+pub use randomk::{RandomK, RandomKConfig};
+pub use sparse::ValueFormat;
+pub use threshold::{Threshold, ThresholdConfig};
+pub use topk::{TopK, TopKConfig, TopKScope, TopKSelect};
 
 /// Where a codec runs: enough to seed its RNG and know its tensors' boundaries.
 #[derive(Debug, Clone, PartialEq, Eq)]
