@@ -17,7 +17,7 @@ use crate::{
     PowerSgdConfig, QsgdConfig, SignSgdConfig, TernGradConfig,
 };
 // Sparse codecs: `use crate::{ThresholdConfig, ...};` go here.
-use crate::TopKConfig;
+use crate::{DgcConfig, RandomKConfig, ThresholdConfig, TopKConfig};
 
 /// Parameters of the plain casts (`none`, `fp16`, `bf16`): only `ef=` (default off).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -67,13 +67,29 @@ pub enum CodecConfig {
     // ---- sparse codecs (threshold.rs, adaptive.rs, topk.rs, randomk.rs, dgc.rs) ----
     /// `topk`: top-k gradient dropping (Aji & Heafield 2017).
     TopK(TopKConfig),
+    /// `threshold`: threshold quantization (Strom 2015).
+    Threshold(ThresholdConfig),
+    /// `randomk`: random-k sparsification (shared-seed indices).
+    RandomK(RandomKConfig),
+    /// `dgc`: Deep Gradient Compression (Lin 2018); the optimizer step must be plain SGD.
+    Dgc(DgcConfig),
 }
 
 /// The codec names this build knows (for error messages).
 pub const KNOWN: &[&str] = &[
-    "none", "fp16", "bf16", "onebit", "qsgd", "terngrad", "signsgd", "powersgd",
+    "none",
+    "fp16",
+    "bf16",
+    "onebit",
+    "qsgd",
+    "terngrad",
+    "signsgd",
+    "powersgd",
     // ---- sparse codecs ----
     "topk",
+    "threshold",
+    "randomk",
+    "dgc",
 ];
 
 impl FromStr for CodecConfig {
@@ -92,6 +108,9 @@ impl FromStr for CodecConfig {
             "powersgd" => CodecConfig::PowerSgd(PowerSgdConfig::parse(&mut p)?),
             // ---- sparse codecs ----
             "topk" => CodecConfig::TopK(TopKConfig::parse(&mut p)?),
+            "threshold" => CodecConfig::Threshold(ThresholdConfig::parse(&mut p)?),
+            "randomk" => CodecConfig::RandomK(RandomKConfig::parse(&mut p)?),
+            "dgc" => CodecConfig::Dgc(DgcConfig::parse(&mut p)?),
             other => {
                 return Err(ConfigError::UnknownCodec {
                     name: other.to_string(),
@@ -115,6 +134,9 @@ impl fmt::Display for CodecConfig {
             CodecConfig::PowerSgd(c) => c.to_string(),
             // ---- sparse codecs ----
             CodecConfig::TopK(c) => c.to_string(),
+            CodecConfig::Threshold(c) => c.to_string(),
+            CodecConfig::RandomK(c) => c.to_string(),
+            CodecConfig::Dgc(c) => c.to_string(),
         };
         f.write_str(self.name())?;
         if !params.is_empty() {
@@ -138,6 +160,9 @@ impl CodecConfig {
             CodecConfig::PowerSgd(_) => CodecId::PowerSgd,
             // ---- sparse codecs ----
             CodecConfig::TopK(_) => CodecId::TopK,
+            CodecConfig::Threshold(_) => CodecId::Threshold,
+            CodecConfig::RandomK(_) => CodecId::RandomK,
+            CodecConfig::Dgc(_) => CodecId::Dgc,
         }
     }
 
@@ -160,6 +185,9 @@ impl CodecConfig {
             CodecConfig::PowerSgd(c) => c.build(ctx),
             // ---- sparse codecs ----
             CodecConfig::TopK(c) => c.build(ctx),
+            CodecConfig::Threshold(c) => c.build(ctx),
+            CodecConfig::RandomK(c) => c.build(ctx),
+            CodecConfig::Dgc(c) => c.build(ctx),
         }
     }
 
@@ -181,6 +209,11 @@ impl CodecConfig {
             // ---- sparse codecs ----
             "topk",
             "topk:ratio=0.05,select=exact,scope=tensor,values=fp16,ef=false",
+            "threshold:tau=0.01",
+            "randomk",
+            "randomk:ratio=0.05,scale=false",
+            "dgc",
+            "dgc:ratio=0.01,nesterov=true,clip=5,warmup_epochs=0,min_dense=16",
         ]
         .iter()
         .map(|s| s.parse().expect("example specs parse"))

@@ -1,0 +1,552 @@
+//! Deep Gradient Compression — Lin, Han, Mao, Wang & Dally, "Deep Gradient Compression:
+//! Reducing the Communication Bandwidth for Distributed Training", ICLR 2018.
+//!
+//! The codec owns the momentum (momentum correction), so **the trainer's optimizer step must be
+//! plain SGD**: `decode_add` adds each rank's accumulated velocity, and the trainer applies
+//! `param -= lr * mean` (the sum over ranks divided by `world_size`), with no momentum of its
+//! own. Per step, for the gradient `g` of this rank:
+//! 1. *Local gradient clipping* (`clip=C`, off when 0): if `||g||_2 > C / sqrt(N)`
+//!    (`N = world_size`) then `g *= (C / sqrt(N)) / ||g||`.
+//! 2. *Momentum correction*: `u = m*u + g; v = v + u` (`nesterov=true`: `u = m*(u + g);
+//!    v = v + u + g`).
+//! 3. *Sparsification* per tensor of the layout: the `k = ceil(ratio_e * n_t)` largest `|v|`
+//!    are sent. Threshold by sampling (0.1%..1% of the tensor, at least `32/ratio` samples, in
+//!    cache-line runs), one fused pass (the momentum update of step 2 and `|v| > thr` in the
+//!    same loop), then the "hierarchical re-selection": an exact `select_nth` among the few
+//!    candidates cuts them to exactly k (if the sample over-estimated and fewer than k came out,
+//!    the threshold is lowered and `v` scanned again). Tensors of fewer than `min_dense`
+//!    elements are sent whole: their value is the momentum velocity `u` (`u + g` with
+//!    Nesterov), and `v` is not used for them, so they follow plain momentum SGD.
+//! 4. *Momentum factor masking*: `u = 0` and `v = 0` at the sent indices.
+//! 5. *Warm-up*: `ratio_e` is `max(ratio, 0.25^(e+1))` during the first `warmup_epochs` epochs
+//!    (`e = floor(epoch)` from [`Codec::set_progress`]) and `ratio` after: with the defaults
+//!    (ratio 0.001, 4 epochs) sparsity 75%, 93.75%, 98.4375%, 99.6%, then 99.9%, as in the
+//!    paper.
+//!
+//! Wire layout: the shared sparse payload (as top-k), little-endian:
+//! ```text
+//! 0..12   Header (codec id 9 = dgc, element count n)
+//! 12      index coding u8: 0 = plain u32, 1 = delta LEB128 varints (first index, then
+//!         index - previous - 1); the encoder writes the shorter (dense tensors cost 1 byte
+//!         per index)
+//! 13      value coding u8: 0 = f32 (DGC always writes f32)
+//! 14..16  reserved, zero
+//! 16..24  nnz u64 (<= n)
+//! 24..    nnz f32 values (velocities)
+//! then    nnz strictly increasing indices (< n) in the index coding
+//! ```
+
+use std::fmt;
+
+use crate::sparse::{
+    decode_sparse_add, finish_sampled, k_for, key, write_sparse, ThresholdEstimate, ValueFormat,
+};
+use crate::{
+    segments, BuildContext, Codec, CodecId, ConfigError, DecodeError, Params, Progress, SparseGrad,
+    StateReader, StateWriter, StepRng,
+};
+
+/// Parameters of `dgc:ratio=0.001[,momentum=0.9][,nesterov=false][,clip=0][,warmup_epochs=4]
+/// [,min_dense=1024]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DgcConfig {
+    /// Final fraction of elements sent per tensor, in (0, 1] (default 0.001).
+    pub ratio: f64,
+    /// Momentum `m`, in [0, 1) (default 0.9).
+    pub momentum: f64,
+    /// Nesterov momentum (default false).
+    pub nesterov: bool,
+    /// Global gradient-norm clip `C` (0 = off, the default); each rank clips at `C/sqrt(N)`.
+    pub clip: f64,
+    /// Epochs of sparsity warm-up (default 4; 0 = none).
+    pub warmup_epochs: usize,
+    /// Tensors with fewer elements are sent dense (default 1024).
+    pub min_dense: usize,
+}
+
+impl DgcConfig {
+    /// Reads `ratio`, `momentum`, `nesterov`, `clip`, `warmup_epochs`, `min_dense`.
+    pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
+        Ok(DgcConfig {
+            ratio: p.f64_in("ratio", Some(0.001), 1e-9, 1.0)?,
+            momentum: p.f64_in("momentum", Some(0.9), 0.0, 0.999_999)?,
+            nesterov: p.bool("nesterov", false)?,
+            clip: p.f64_in("clip", Some(0.0), 0.0, f32::MAX as f64)?,
+            warmup_epochs: p.usize_in("warmup_epochs", Some(4), 0, 1000)?,
+            min_dense: p.usize_in("min_dense", Some(1024), 0, usize::MAX)?,
+        })
+    }
+
+    /// The canonical `key=value,...` parameters (parse back to `self`).
+    pub fn spec_params(&self) -> String {
+        self.to_string()
+    }
+
+    /// The runtime codec.
+    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
+        Box::new(Dgc::new(self.clone(), ctx))
+    }
+
+    /// The kept fraction at `epoch` (warm-up schedule).
+    pub fn ratio_at(&self, epoch: f32) -> f64 {
+        let e = if epoch.is_finite() && epoch > 0.0 {
+            epoch.floor() as usize
+        } else {
+            0
+        };
+        if e < self.warmup_epochs {
+            0.25f64.powi(e.min(60) as i32 + 1).max(self.ratio)
+        } else {
+            self.ratio
+        }
+    }
+}
+
+impl fmt::Display for DgcConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ratio={},momentum={},nesterov={},clip={},warmup_epochs={},min_dense={}",
+            self.ratio, self.momentum, self.nesterov, self.clip, self.warmup_epochs, self.min_dense
+        )
+    }
+}
+
+/// The DGC codec: momentum `u`, accumulated velocity `v`, warm-up position.
+#[derive(Debug)]
+pub struct Dgc {
+    cfg: DgcConfig,
+    layout: Vec<usize>,
+    world_size: usize,
+    rng: StepRng,
+    epoch: f32,
+    u: Vec<f32>,
+    v: Vec<f32>,
+    est: ThresholdEstimate,
+    cand: Vec<u32>,
+    scratch: Vec<u32>,
+    sel: SparseGrad,
+}
+
+/// Fused momentum update and threshold scan over one tensor: `u`, `v` updated in place, the
+/// (local) indices whose new `|v|` key exceeds `thr` appended to `cand`.
+#[inline(always)]
+fn momentum_scan<const NESTEROV: bool>(
+    g: &[f32],
+    u: &mut [f32],
+    v: &mut [f32],
+    m: f32,
+    s: f32,
+    thr: u32,
+    cand: &mut Vec<u32>,
+) {
+    const B: usize = 32;
+    let t = thr as i32;
+    let n = g.len();
+    let (u, v) = (&mut u[..n], &mut v[..n]);
+    let mut start = 0;
+    while start < n {
+        let end = (start + B).min(n);
+        let (gb, ub, vb) = (&g[start..end], &mut u[start..end], &mut v[start..end]);
+        let mut hits = 0u32;
+        for ((x, uu), vv) in gb.iter().zip(ub.iter_mut()).zip(vb.iter_mut()) {
+            let gi = s * x;
+            if NESTEROV {
+                let un = m * (*uu + gi);
+                *uu = un;
+                *vv += un + gi;
+            } else {
+                let un = m * *uu + gi;
+                *uu = un;
+                *vv += un;
+            }
+            hits += ((key(*vv) as i32) > t) as u32;
+        }
+        if hits != 0 {
+            for (j, &x) in vb.iter().enumerate() {
+                if key(x) > thr {
+                    cand.push((start + j) as u32);
+                }
+            }
+        }
+        start = end;
+    }
+}
+
+impl Dgc {
+    /// A DGC codec for `ctx` (its layout gives the tensors, `world_size` the clip scaling).
+    pub fn new(cfg: DgcConfig, ctx: &BuildContext) -> Self {
+        Dgc {
+            cfg,
+            layout: ctx.layout.clone(),
+            world_size: ctx.world_size.max(1),
+            rng: StepRng::new(ctx.seed, ctx.rank),
+            epoch: 0.0,
+            u: Vec::new(),
+            v: Vec::new(),
+            est: ThresholdEstimate::default(),
+            cand: Vec::new(),
+            scratch: Vec::new(),
+            sel: SparseGrad::default(),
+        }
+    }
+
+    /// The momentum buffer `u` (empty before the first encode).
+    pub fn momentum(&self) -> &[f32] {
+        &self.u
+    }
+
+    /// The accumulated velocity `v` not yet sent (empty before the first encode).
+    pub fn velocity(&self) -> &[f32] {
+        &self.v
+    }
+
+    /// The clipping factor for `grad` (1 when clipping is off or not needed).
+    fn clip_scale(&self, grad: &[f32]) -> f32 {
+        if self.cfg.clip <= 0.0 {
+            return 1.0;
+        }
+        let mut acc = [0f32; 16];
+        let mut chunks = grad.chunks_exact(16);
+        let mut total = 0f64;
+        for (i, c) in (&mut chunks).enumerate() {
+            for (a, x) in acc.iter_mut().zip(c) {
+                *a += x * x;
+            }
+            if i % 4096 == 4095 {
+                total += acc.iter().map(|&a| a as f64).sum::<f64>();
+                acc = [0.0; 16];
+            }
+        }
+        total += acc.iter().map(|&a| a as f64).sum::<f64>();
+        total += chunks
+            .remainder()
+            .iter()
+            .map(|&x| (x as f64) * (x as f64))
+            .sum::<f64>();
+        let norm = total.sqrt();
+        let thr = self.cfg.clip / (self.world_size as f64).sqrt();
+        if norm > thr {
+            (thr / norm) as f32
+        } else {
+            1.0
+        }
+    }
+
+    fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        let n = grad.len();
+        assert!(
+            n <= u32::MAX as usize,
+            "DGC indices are u32: {n} elements is too many"
+        );
+        out.clear();
+        if self.u.len() != n {
+            self.u.clear();
+            self.u.resize(n, 0.0);
+            self.v.clear();
+            self.v.resize(n, 0.0);
+        }
+        let s = self.clip_scale(grad);
+        let ratio = self.cfg.ratio_at(self.epoch);
+        let mut stream = self.rng.next_stream();
+        let Dgc {
+            cfg,
+            layout,
+            u,
+            v,
+            est,
+            cand,
+            scratch,
+            ..
+        } = self;
+        let m = cfg.momentum as f32;
+        let nesterov = cfg.nesterov;
+        for seg in segments(layout, n) {
+            let base = seg.start as u32;
+            let g = &grad[seg.clone()];
+            let (u, v) = (&mut u[seg.clone()], &mut v[seg]);
+            if g.len() < cfg.min_dense {
+                for (i, (x, uu)) in g.iter().zip(u.iter_mut()).enumerate() {
+                    let gi = s * x;
+                    let val = if nesterov {
+                        *uu = m * (*uu + gi);
+                        *uu + gi
+                    } else {
+                        *uu = m * *uu + gi;
+                        *uu
+                    };
+                    out.indices.push(base + i as u32);
+                    out.values.push(val);
+                }
+                continue;
+            }
+            let k = k_for(ratio, g.len());
+            let thr = est.first(g.len(), k, &mut stream, |i| {
+                let gi = s * g[i];
+                if nesterov {
+                    let un = m * (u[i] + gi);
+                    v[i] + un + gi
+                } else {
+                    v[i] + m * u[i] + gi
+                }
+            });
+            cand.clear();
+            if nesterov {
+                momentum_scan::<true>(g, u, v, m, s, thr, cand);
+            } else {
+                momentum_scan::<false>(g, u, v, m, s, thr, cand);
+            }
+            finish_sampled(v, k, est, cand, scratch);
+            for &i in cand.iter() {
+                let i = i as usize;
+                out.indices.push(base + i as u32);
+                out.values.push(v[i]);
+                v[i] = 0.0;
+                u[i] = 0.0;
+            }
+        }
+    }
+}
+
+impl Codec for Dgc {
+    fn id(&self) -> CodecId {
+        CodecId::Dgc
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        let mut sel = std::mem::take(&mut self.sel);
+        self.select(grad, &mut sel);
+        write_sparse(
+            out,
+            CodecId::Dgc,
+            grad.len(),
+            &sel.indices,
+            &sel.values,
+            ValueFormat::Fp32,
+            true,
+        );
+        self.sel = sel;
+    }
+
+    /// Adds this payload's velocities; the trainer applies `param -= lr * (sum / world_size)`.
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        decode_sparse_add(payload, CodecId::Dgc, acc)
+    }
+
+    fn set_progress(&mut self, progress: Progress) {
+        self.rng.set_step(progress.step);
+        self.epoch = progress.epoch;
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+        self.select(grad, out);
+        true
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        let mut w = StateWriter::new(CodecId::Dgc);
+        self.rng.save(&mut w);
+        w.u64(u64::from(self.epoch.to_bits()))
+            .f32s(&self.u)
+            .f32s(&self.v);
+        w.finish()
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
+        let mut r = StateReader::new(state, CodecId::Dgc)?;
+        let mut rng = self.rng.clone();
+        rng.load(&mut r)?;
+        let epoch = r.u64()?;
+        let u = r.f32s()?;
+        let v = r.f32s()?;
+        r.finish()?;
+        if u.len() != v.len() || epoch > u64::from(u32::MAX) {
+            return Err(DecodeError::InvalidField {
+                field: "state",
+                reason: "inconsistent momentum, velocity or epoch",
+            });
+        }
+        self.rng = rng;
+        self.epoch = f32::from_bits(epoch as u32);
+        self.u = u;
+        self.v = v;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codec(spec: &str, layout: Vec<usize>, world_size: usize) -> Dgc {
+        let mut p = Params::parse(spec).unwrap();
+        let cfg = DgcConfig::parse(&mut p).unwrap();
+        p.finish().unwrap();
+        let ctx = BuildContext {
+            seed: 11,
+            rank: 0,
+            world_size,
+            layout,
+        };
+        Dgc::new(cfg, &ctx)
+    }
+
+    fn grad(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                let h = (i ^ seed.wrapping_mul(0x9e37_79b9)).wrapping_mul(2654435761);
+                ((h >> 8) % 20001) as f32 / 10000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn at_epoch(c: &mut Dgc, step: u64, epoch: f32) {
+        c.set_progress(Progress { step, epoch });
+    }
+
+    #[test]
+    fn momentum_correction_and_masking() {
+        let n = 20_000;
+        let mut c = codec(
+            "dgc:ratio=0.01,momentum=0.5,warmup_epochs=0,min_dense=0",
+            vec![],
+            1,
+        );
+        let (g1, g2) = (grad(n, 1), grad(n, 2));
+        let mut s1 = SparseGrad::default();
+        c.encode_sparse(&g1, &mut s1);
+        assert_eq!(s1.indices.len(), 200);
+        // Step 1: u = g, v = g; the sent ones are the top-k of |g|, then masked.
+        for (&i, &val) in s1.indices.iter().zip(&s1.values) {
+            assert_eq!(val, g1[i as usize]);
+        }
+        let sent1: std::collections::HashSet<u32> = s1.indices.iter().copied().collect();
+        for i in 0..n as u32 {
+            let (u, v) = (c.momentum()[i as usize], c.velocity()[i as usize]);
+            if sent1.contains(&i) {
+                assert_eq!((u, v), (0.0, 0.0), "masked at {i}");
+            } else {
+                assert_eq!((u, v), (g1[i as usize], g1[i as usize]));
+            }
+        }
+        let mut s2 = SparseGrad::default();
+        c.encode_sparse(&g2, &mut s2);
+        // Step 2: u = 0.5 u + g2, v += u, for every element (masked ones restart from 0).
+        let mut sent = vec![0.0f32; n];
+        for (&i, &val) in s2.indices.iter().zip(&s2.values) {
+            sent[i as usize] = val;
+        }
+        for i in 0..n {
+            let (u1, v1) = if sent1.contains(&(i as u32)) {
+                (0.0, 0.0)
+            } else {
+                (g1[i], g1[i])
+            };
+            let u2 = 0.5 * u1 + g2[i];
+            let v2 = v1 + u2;
+            if sent[i] != 0.0 {
+                assert_eq!(sent[i], v2);
+                assert_eq!((c.momentum()[i], c.velocity()[i]), (0.0, 0.0));
+            } else {
+                assert_eq!((c.momentum()[i], c.velocity()[i]), (u2, v2));
+            }
+        }
+    }
+
+    #[test]
+    fn small_tensors_go_dense_with_plain_and_nesterov_momentum() {
+        for nesterov in [false, true] {
+            let spec = format!("dgc:ratio=0.001,momentum=0.9,nesterov={nesterov},min_dense=100");
+            let mut c = codec(&spec, vec![10, 5000], 1);
+            let (g1, g2) = (grad(5010, 1), grad(5010, 2));
+            let (mut s1, mut s2) = (SparseGrad::default(), SparseGrad::default());
+            c.encode_sparse(&g1, &mut s1);
+            c.encode_sparse(&g2, &mut s2);
+            assert_eq!(s2.indices[..10], (0..10).collect::<Vec<u32>>()[..]);
+            for i in 0..10 {
+                // PyTorch's: buf = m buf + g; step = buf (or g + m buf with Nesterov).
+                let buf1 = g1[i];
+                let buf2 = 0.9 * buf1 + g2[i];
+                let want = if nesterov { g2[i] + 0.9 * buf2 } else { buf2 };
+                assert!((s2.values[i] - want).abs() < 1e-5, "{nesterov} {i}");
+            }
+            // The 5000-element tensor sends ceil(25% of 5000) at epoch 0.
+            assert_eq!(s2.indices.len(), 10 + 1250);
+        }
+    }
+
+    #[test]
+    fn warmup_schedule_gives_the_paper_sparsities() {
+        let n = 100_000;
+        let mut c = codec("dgc:ratio=0.001,min_dense=0", vec![], 1);
+        let want = [
+            (0.0, 25_000),
+            (0.5, 25_000),
+            (1.0, 6_250),
+            (2.2, 1_563),
+            (3.9, 391),
+            (4.0, 100),
+            (40.0, 100),
+        ];
+        let mut s = SparseGrad::default();
+        for (step, &(epoch, k)) in want.iter().enumerate() {
+            at_epoch(&mut c, step as u64, epoch);
+            c.encode_sparse(&grad(n, step as u32), &mut s);
+            assert_eq!(s.indices.len(), k, "epoch {epoch}");
+        }
+        let cfg = &c.cfg;
+        let sparsity: Vec<f64> = (0..5).map(|e| 1.0 - cfg.ratio_at(e as f32)).collect();
+        assert_eq!(sparsity[..3], [0.75, 0.9375, 0.984375]);
+        assert!((sparsity[3] - 0.996).abs() < 1e-3 && (sparsity[4] - 0.999).abs() < 1e-12);
+    }
+
+    #[test]
+    fn local_clipping_scales_by_sqrt_world_size() {
+        let n = 4000;
+        let g: Vec<f32> = grad(n, 5).iter().map(|x| x * 10.0 + 5e-4).collect();
+        let norm = |x: &[f32]| x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let spec = "dgc:ratio=1,momentum=0,clip=2,warmup_epochs=0,min_dense=0";
+        let mut c = codec(spec, vec![], 4);
+        let mut s = SparseGrad::default();
+        c.encode_sparse(&g, &mut s);
+        assert_eq!(s.values.len(), n);
+        assert!((norm(&s.values) - 1.0).abs() < 1e-4, "clipped to 2/sqrt(4)");
+        let small: Vec<f32> = g.iter().map(|x| x * 1e-4).collect();
+        c.encode_sparse(&small, &mut s);
+        assert_eq!(s.values, small, "below the threshold: untouched");
+    }
+
+    #[test]
+    fn state_resumes_exactly_and_decoder_is_total() {
+        let n = 30_000;
+        let spec = "dgc:ratio=0.01,warmup_epochs=2,nesterov=true";
+        let mut a = codec(spec, vec![500, 29_500], 1);
+        let mut out = Vec::new();
+        for s in 0..3 {
+            at_epoch(&mut a, s, s as f32 * 0.5);
+            a.encode(&grad(n, s as u32), &mut out);
+        }
+        let st = a.save_state();
+        let mut b = codec(spec, vec![500, 29_500], 1);
+        b.load_state(&st).unwrap();
+        let (mut oa, mut ob) = (Vec::new(), Vec::new());
+        for s in 3..5 {
+            a.encode(&grad(n, s), &mut oa);
+            b.encode(&grad(n, s), &mut ob);
+            assert_eq!(oa, ob);
+        }
+        assert!(b.load_state(&st[..st.len() - 4]).is_err());
+        // Decoding: what encode_sparse would give; malformed input refused.
+        let mut acc = vec![0.0; n];
+        a.decode_add(&oa, &mut acc).unwrap();
+        // Epoch 1 of 2 warm-up epochs: 6.25% of the large tensor, all of the small one.
+        assert_eq!(acc.iter().filter(|&&x| x != 0.0).count(), 500 + 1844);
+        let mut acc = vec![0.0; n];
+        for cut in 0..oa.len() {
+            assert!(a.decode_add(&oa[..cut], &mut acc).is_err());
+        }
+        assert!(acc.iter().all(|&x| x == 0.0));
+        let mut p = Params::parse(&format!("dgc:{}", a.cfg.spec_params())).unwrap();
+        assert_eq!(DgcConfig::parse(&mut p).unwrap(), a.cfg);
+    }
+}
