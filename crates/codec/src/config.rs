@@ -17,7 +17,7 @@ use crate::{
     PowerSgdConfig, QsgdConfig, SignSgdConfig, TernGradConfig,
 };
 // Sparse codecs: `use crate::{ThresholdConfig, ...};` go here.
-use crate::{DgcConfig, RandomKConfig, ThresholdConfig, TopKConfig};
+use crate::{AdaptiveConfig, DgcConfig, RandomKConfig, ThresholdConfig, TopKConfig};
 
 /// Parameters of the plain casts (`none`, `fp16`, `bf16`): only `ef=` (default off).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -73,6 +73,8 @@ pub enum CodecConfig {
     RandomK(RandomKConfig),
     /// `dgc`: Deep Gradient Compression (Lin 2018); the optimizer step must be plain SGD.
     Dgc(DgcConfig),
+    /// `adaptive`: adaptive quantization (Dryden 2016).
+    Adaptive(AdaptiveConfig),
 }
 
 /// The codec names this build knows (for error messages).
@@ -90,6 +92,7 @@ pub const KNOWN: &[&str] = &[
     "threshold",
     "randomk",
     "dgc",
+    "adaptive",
 ];
 
 impl FromStr for CodecConfig {
@@ -111,6 +114,7 @@ impl FromStr for CodecConfig {
             "threshold" => CodecConfig::Threshold(ThresholdConfig::parse(&mut p)?),
             "randomk" => CodecConfig::RandomK(RandomKConfig::parse(&mut p)?),
             "dgc" => CodecConfig::Dgc(DgcConfig::parse(&mut p)?),
+            "adaptive" => CodecConfig::Adaptive(AdaptiveConfig::parse(&mut p)?),
             other => {
                 return Err(ConfigError::UnknownCodec {
                     name: other.to_string(),
@@ -137,6 +141,7 @@ impl fmt::Display for CodecConfig {
             CodecConfig::Threshold(c) => c.to_string(),
             CodecConfig::RandomK(c) => c.to_string(),
             CodecConfig::Dgc(c) => c.to_string(),
+            CodecConfig::Adaptive(c) => c.to_string(),
         };
         f.write_str(self.name())?;
         if !params.is_empty() {
@@ -163,6 +168,7 @@ impl CodecConfig {
             CodecConfig::Threshold(_) => CodecId::Threshold,
             CodecConfig::RandomK(_) => CodecId::RandomK,
             CodecConfig::Dgc(_) => CodecId::Dgc,
+            CodecConfig::Adaptive(_) => CodecId::Adaptive,
         }
     }
 
@@ -188,6 +194,7 @@ impl CodecConfig {
             CodecConfig::Threshold(c) => c.build(ctx),
             CodecConfig::RandomK(c) => c.build(ctx),
             CodecConfig::Dgc(c) => c.build(ctx),
+            CodecConfig::Adaptive(c) => c.build(ctx),
         }
     }
 
@@ -214,6 +221,8 @@ impl CodecConfig {
             "randomk:ratio=0.05,scale=false",
             "dgc",
             "dgc:ratio=0.01,nesterov=true,clip=5,warmup_epochs=0,min_dense=16",
+            "adaptive",
+            "adaptive:pi=0.05,column=64,max_excess=1.5",
         ]
         .iter()
         .map(|s| s.parse().expect("example specs parse"))

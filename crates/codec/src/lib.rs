@@ -29,6 +29,7 @@ mod signsgd;
 mod state;
 mod terngrad;
 // Sparse codecs (threshold, adaptive, topk, randomk, dgc): their `mod` lines go here.
+mod adaptive;
 mod dgc;
 mod randomk;
 mod sparse;
@@ -50,6 +51,7 @@ pub use rng::StepRng;
 pub use signsgd::{SignSgd, SignSgdConfig};
 pub use state::{StateReader, StateWriter};
 pub use terngrad::{TernGrad, TernGradConfig};
+pub use adaptive::{Adaptive, AdaptiveConfig};
 pub use dgc::{Dgc, DgcConfig};
 pub use randomk::{RandomK, RandomKConfig};
 pub use sparse::ValueFormat;

@@ -1,0 +1,471 @@
+//! Adaptive quantization — Dryden, Moon, Jacobs & Van Essen, "Communication Quantization for
+//! Data-parallel Training of Deep Neural Networks", MLHPC 2016 (as in LBANN's
+//! `lbann_quantizer`).
+//!
+//! With a residual `r` (error feedback, always on): `x = g + r`. Per column (a tensor of the
+//! layout, or consecutive runs of `column` elements when `column > 0`), a positive threshold
+//! `tau+` and a negative threshold `tau-` are estimated from a random sample of `x` (at least
+//! 128 elements, `64/pi` when larger; the whole column when it is smaller) so that about a
+//! proportion `pi` of the positive and of the negative entries lie beyond them. Entries
+//! `x >= tau+` are sent as `+mu+`, entries `x <= -tau-` as `-mu-`, where `mu+` and `mu-` are
+//! the means of the magnitudes of the entries sent (the reconstruction values); the residual
+//! keeps `x - sent`. Message size is bounded: when sampling under-estimated the thresholds and
+//! more than `max_excess * pi * len` entries of a column qualify, only that many (the largest
+//! `|x|`) are sent and the rest go back to the residual.
+//!
+//! Wire layout (little-endian):
+//! ```text
+//! 0..12   Header (codec id 5 = adaptive, element count n)
+//! 12..16  ncols u32
+//! 16..    ncols column records of 16 bytes: count u64 (words of this column),
+//!         mu_pos f32, mu_neg f32 (finite, >= 0)
+//! then    sum(count) words, (index << 1) | sign (sign 1 = -mu_neg, 0 = +mu_pos), in column
+//!         order; flat indices strictly increasing over the payload, < n. u32 words when
+//!         n <= 2^31, u64 words for larger tensors
+//! ```
+//! Size: `16 + 16 * ncols + 4 * sent` bytes.
+
+use std::fmt;
+use std::ops::Range;
+
+use rand::Rng;
+
+use crate::sparse::{check_len, cut_to_k, k_for, read_f32, read_u32, read_u64};
+use crate::{
+    segments, BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress,
+    SparseGrad, StateReader, StateWriter, StepRng, HEADER_LEN,
+};
+
+/// Parameters of `adaptive:pi=0.01[,column=0][,max_excess=2]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveConfig {
+    /// Proportion of positive (and of negative) entries sent, in (0, 0.5] (default 0.01).
+    pub pi: f64,
+    /// Column size; 0 (default) = the tensors of the layout.
+    pub column: usize,
+    /// Cap per column, as a multiple of `pi * len` (default 2, at least 1).
+    pub max_excess: f64,
+}
+
+impl AdaptiveConfig {
+    /// Reads `pi`, `column`, `max_excess`.
+    pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
+        Ok(AdaptiveConfig {
+            pi: p.f64_in("pi", Some(0.01), 1e-9, 0.5)?,
+            column: p.usize_in("column", Some(0), 0, usize::MAX)?,
+            max_excess: p.f64_in("max_excess", Some(2.0), 1.0, 1e6)?,
+        })
+    }
+
+    /// The canonical `key=value,...` parameters (parse back to `self`).
+    pub fn spec_params(&self) -> String {
+        self.to_string()
+    }
+
+    /// The runtime codec.
+    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
+        Box::new(Adaptive::new(self.clone(), ctx))
+    }
+}
+
+impl fmt::Display for AdaptiveConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pi={},column={},max_excess={}",
+            self.pi, self.column, self.max_excess
+        )
+    }
+}
+
+/// Dryden's adaptive quantizer (with its residual).
+#[derive(Debug)]
+pub struct Adaptive {
+    cfg: AdaptiveConfig,
+    layout: Vec<usize>,
+    rng: StepRng,
+    residual: Vec<f32>,
+    sample: Vec<f32>,
+    cand: Vec<u32>,
+    scratch: Vec<u32>,
+    /// Per column: (words, mu_pos, mu_neg).
+    cols: Vec<(u64, f32, f32)>,
+    sel: SparseGrad,
+}
+
+fn wide(n: usize) -> bool {
+    n as u64 > 1 << 31
+}
+
+/// The `ceil(pi * len)`-th largest of `v` (sorted descending in place), or +inf if `v` is empty.
+fn quantile_desc(v: &mut [f32], pi: f64) -> f32 {
+    if v.is_empty() {
+        return f32::INFINITY;
+    }
+    let m = k_for(pi, v.len());
+    let (_, kth, _) = v.select_nth_unstable_by(m - 1, |a, b| b.total_cmp(a));
+    *kth
+}
+
+impl Adaptive {
+    /// An adaptive quantizer for `ctx` (its layout gives the columns when `column=0`).
+    pub fn new(cfg: AdaptiveConfig, ctx: &BuildContext) -> Self {
+        Adaptive {
+            cfg,
+            layout: ctx.layout.clone(),
+            rng: StepRng::new(ctx.seed, ctx.rank),
+            residual: Vec::new(),
+            sample: Vec::new(),
+            cand: Vec::new(),
+            scratch: Vec::new(),
+            cols: Vec::new(),
+            sel: SparseGrad::default(),
+        }
+    }
+
+    /// What was not sent yet.
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
+    fn columns(&self, n: usize) -> Vec<Range<usize>> {
+        if self.cfg.column > 0 {
+            (0..n.div_ceil(self.cfg.column))
+                .map(|c| c * self.cfg.column..((c + 1) * self.cfg.column).min(n))
+                .collect()
+        } else {
+            segments(&self.layout, n).collect()
+        }
+    }
+
+    /// Quantizes `grad + residual`: fills `self.cols`, and `out` with the sent (index, +-mu).
+    fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        let n = grad.len();
+        assert!(
+            n <= u32::MAX as usize,
+            "adaptive selection uses u32 indices: {n} elements is too many"
+        );
+        out.clear();
+        self.cols.clear();
+        if self.residual.len() != n {
+            self.residual.clear();
+            self.residual.resize(n, 0.0);
+        }
+        for (x, &y) in self.residual.iter_mut().zip(grad) {
+            *x += y;
+        }
+        let cols = self.columns(n);
+        let mut stream = self.rng.next_stream();
+        let pi = self.cfg.pi;
+        for col in cols {
+            let x = &mut self.residual[col.clone()];
+            let len = x.len();
+            let want = ((64.0 / pi).ceil() as usize).max(128);
+            self.sample.clear();
+            if len <= want {
+                self.sample.extend_from_slice(x);
+            } else {
+                self.sample
+                    .extend((0..want).map(|_| x[stream.gen_range(0..len)]));
+            }
+            let (mut pos, mut neg): (Vec<f32>, Vec<f32>) = self
+                .sample
+                .iter()
+                .filter(|v| **v != 0.0 && !v.is_nan())
+                .partition(|v| **v > 0.0);
+            for v in &mut neg {
+                *v = -*v;
+            }
+            let tp = quantile_desc(&mut pos, pi);
+            let tn = quantile_desc(&mut neg, pi);
+            self.cand.clear();
+            for (i, &v) in x.iter().enumerate() {
+                if (v > 0.0 && v >= tp) || (v < 0.0 && -v >= tn) {
+                    self.cand.push(i as u32);
+                }
+            }
+            let cap = k_for(self.cfg.max_excess * pi, len);
+            cut_to_k(x, cap, &mut self.cand, &mut self.scratch);
+            let (mut sp, mut np, mut sn, mut nn) = (0f64, 0u64, 0f64, 0u64);
+            for &i in &self.cand {
+                let v = x[i as usize];
+                if v > 0.0 {
+                    sp += v as f64;
+                    np += 1;
+                } else {
+                    sn -= v as f64;
+                    nn += 1;
+                }
+            }
+            let mu_p = if np > 0 { (sp / np as f64) as f32 } else { 0.0 };
+            let mu_n = if nn > 0 { (sn / nn as f64) as f32 } else { 0.0 };
+            for &i in &self.cand {
+                let r = &mut x[i as usize];
+                let s = if *r > 0.0 { mu_p } else { -mu_n };
+                *r -= s;
+                out.indices.push(col.start as u32 + i);
+                out.values.push(s);
+            }
+            self.cols.push((self.cand.len() as u64, mu_p, mu_n));
+        }
+    }
+}
+
+impl Codec for Adaptive {
+    fn id(&self) -> CodecId {
+        CodecId::Adaptive
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        let mut sel = std::mem::take(&mut self.sel);
+        self.select(grad, &mut sel);
+        let n = grad.len();
+        Header::write(out, CodecId::Adaptive, n);
+        let w = if wide(n) { 8 } else { 4 };
+        out.reserve(4 + 16 * self.cols.len() + w * sel.indices.len());
+        out.extend_from_slice(&(self.cols.len() as u32).to_le_bytes());
+        for &(count, mp, mn) in &self.cols {
+            out.extend_from_slice(&count.to_le_bytes());
+            out.extend_from_slice(&mp.to_le_bytes());
+            out.extend_from_slice(&mn.to_le_bytes());
+        }
+        for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+            let word = (u64::from(i) << 1) | u64::from(v < 0.0);
+            if w == 8 {
+                out.extend_from_slice(&word.to_le_bytes());
+            } else {
+                out.extend_from_slice(&(word as u32).to_le_bytes());
+            }
+        }
+        self.sel = sel;
+    }
+
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        let n = acc.len();
+        Header::check(payload, CodecId::Adaptive, n)?;
+        let ncols = read_u32(payload, HEADER_LEN)? as usize;
+        let w = if wide(n) { 8 } else { 4 };
+        let body = HEADER_LEN + 4;
+        if (payload.len() - body) / 16 < ncols {
+            return Err(DecodeError::Truncated {
+                need: body.saturating_add(ncols.saturating_mul(16)),
+                have: payload.len(),
+            });
+        }
+        let words_at = body + 16 * ncols;
+        let mut total = 0u64;
+        for c in 0..ncols {
+            let at = body + 16 * c;
+            total = total.saturating_add(read_u64(payload, at)?);
+            for mu in [read_f32(payload, at + 8)?, read_f32(payload, at + 12)?] {
+                if !(mu.is_finite() && mu >= 0.0) {
+                    return Err(DecodeError::InvalidField {
+                        field: "mu",
+                        reason: "reconstruction value not finite and non-negative",
+                    });
+                }
+            }
+        }
+        if total > n as u64 {
+            return Err(DecodeError::InvalidField {
+                field: "count",
+                reason: "more words than elements",
+            });
+        }
+        check_len(words_at + w * total as usize, payload.len())?;
+        let word = |j: usize| -> u64 {
+            let at = words_at + w * j;
+            if w == 8 {
+                read_u64(payload, at).unwrap_or(0)
+            } else {
+                u64::from(read_u32(payload, at).unwrap_or(0))
+            }
+        };
+        let mut next = 0u64;
+        for j in 0..total as usize {
+            let i = word(j) >> 1;
+            if i >= n as u64 {
+                return Err(DecodeError::IndexOutOfRange { index: i, len: n });
+            }
+            if i < next {
+                return Err(DecodeError::InvalidField {
+                    field: "index",
+                    reason: "indices not strictly increasing",
+                });
+            }
+            next = i + 1;
+        }
+        let mut j = 0usize;
+        for c in 0..ncols {
+            let at = body + 16 * c;
+            let count = read_u64(payload, at)? as usize;
+            let mp = read_f32(payload, at + 8)?;
+            let mn = read_f32(payload, at + 12)?;
+            for _ in 0..count {
+                let x = word(j);
+                acc[(x >> 1) as usize] += if x & 1 == 1 { -mn } else { mp };
+                j += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_progress(&mut self, progress: Progress) {
+        self.rng.set_step(progress.step);
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+        self.select(grad, out);
+        true
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        let mut w = StateWriter::new(CodecId::Adaptive);
+        self.rng.save(&mut w);
+        w.f32s(&self.residual);
+        w.finish()
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
+        let mut r = StateReader::new(state, CodecId::Adaptive)?;
+        let mut rng = self.rng.clone();
+        rng.load(&mut r)?;
+        let residual = r.f32s()?;
+        r.finish()?;
+        self.rng = rng;
+        self.residual = residual;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codec(spec: &str, layout: Vec<usize>) -> Adaptive {
+        let mut p = Params::parse(spec).unwrap();
+        let cfg = AdaptiveConfig::parse(&mut p).unwrap();
+        p.finish().unwrap();
+        let ctx = BuildContext {
+            seed: 5,
+            rank: 1,
+            world_size: 2,
+            layout,
+        };
+        Adaptive::new(cfg, &ctx)
+    }
+
+    fn grad(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                let h = (i ^ seed.wrapping_mul(0x9e37_79b9)).wrapping_mul(2654435761);
+                let u = ((h >> 8) % 20001) as f32 / 10000.0 - 1.0;
+                u * u * u + 0.1 * u
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quantizes_to_column_means_and_conserves_the_signal() {
+        let layout = vec![3000, 50_000, 1000];
+        let n: usize = layout.iter().sum();
+        let mut c = codec("adaptive:pi=0.01", layout.clone());
+        let mut before = vec![0.0f32; n];
+        let mut out = Vec::new();
+        for s in 0..3 {
+            let g = grad(n, s);
+            let x: Vec<f32> = g.iter().zip(&before).map(|(a, b)| a + b).collect();
+            c.encode(&g, &mut out);
+            let mut sent = vec![0.0; n];
+            c.decode_add(&out, &mut sent).unwrap();
+            let mut start = 0;
+            let mut words = 0;
+            for &len in &layout {
+                let col = start..start + len;
+                let pos: Vec<usize> = col.clone().filter(|&i| sent[i] > 0.0).collect();
+                let neg: Vec<usize> = col.clone().filter(|&i| sent[i] < 0.0).collect();
+                // Roughly pi of each sign, never more than the cap.
+                let npos = col.clone().filter(|&i| x[i] > 0.0).count();
+                assert!(pos.len() + neg.len() <= k_for(0.02, len));
+                assert!(pos.len() >= npos / 400, "{} of {npos}", pos.len());
+                // Reconstruction values are the means of what they replace.
+                let mean =
+                    |ix: &[usize]| ix.iter().map(|&i| x[i] as f64).sum::<f64>() / ix.len() as f64;
+                if !pos.is_empty() {
+                    assert!((sent[pos[0]] as f64 - mean(&pos)).abs() < 1e-5);
+                    assert!(pos.iter().all(|&i| sent[i] == sent[pos[0]]));
+                }
+                if !neg.is_empty() {
+                    assert!((sent[neg[0]] as f64 - mean(&neg)).abs() < 1e-5);
+                }
+                words += pos.len() + neg.len();
+                start += len;
+            }
+            assert_eq!(out.len(), 16 + 16 * 3 + 4 * words, "size formula");
+            for i in 0..n {
+                assert!((sent[i] + c.residual()[i] - x[i]).abs() < 1e-5);
+            }
+            before = c.residual().to_vec();
+        }
+        let st = c.save_state();
+        let mut d = codec("adaptive:pi=0.01", layout);
+        d.load_state(&st).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        c.encode(&grad(n, 9), &mut a);
+        d.encode(&grad(n, 9), &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn column_param_and_cap() {
+        let n = 10_000;
+        // A skewed gradient: sampling at pi=0.05 would pick far more than the cap in a column
+        // full of equal values; the cap holds.
+        let g = vec![1.0f32; n];
+        let mut c = codec("adaptive:pi=0.05,column=1000,max_excess=1", vec![]);
+        let mut s = SparseGrad::default();
+        c.encode_sparse(&g, &mut s);
+        assert_eq!(c.cols.len(), 10);
+        assert_eq!(s.indices.len(), 10 * 50);
+        assert!(s.values.iter().all(|&v| v == 1.0));
+    }
+
+    #[test]
+    fn decoder_rejects_malformed() {
+        let n = 2000;
+        let mut c = codec("adaptive:pi=0.02", vec![1000, 1000]);
+        let mut out = Vec::new();
+        c.encode(&grad(n, 1), &mut out);
+        let mut acc = vec![0.0; n];
+        for cut in 0..out.len() {
+            assert!(c.decode_add(&out[..cut], &mut acc).is_err());
+        }
+        let mut bad = out.clone();
+        bad[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(c.decode_add(&bad, &mut acc).is_err());
+        let mut bad = out.clone();
+        bad[HEADER_LEN + 12..HEADER_LEN + 16].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(matches!(
+            c.decode_add(&bad, &mut acc),
+            Err(DecodeError::InvalidField { field: "mu", .. })
+        ));
+        let mut bad = out.clone();
+        bad[HEADER_LEN + 4..HEADER_LEN + 12].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(c.decode_add(&bad, &mut acc).is_err());
+        let mut bad = out.clone();
+        let at = bad.len() - 4;
+        bad[at..].copy_from_slice(&(5000u32 << 1).to_le_bytes());
+        assert!(matches!(
+            c.decode_add(&bad, &mut acc),
+            Err(DecodeError::IndexOutOfRange { .. })
+        ));
+        bad[at..].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            c.decode_add(&bad, &mut acc),
+            Err(DecodeError::InvalidField { field: "index", .. })
+        ));
+        assert!(acc.iter().all(|&v| v == 0.0));
+        let mut p = Params::parse(&format!("adaptive:{}", c.cfg.spec_params())).unwrap();
+        assert_eq!(AdaptiveConfig::parse(&mut p).unwrap(), c.cfg);
+    }
+}
