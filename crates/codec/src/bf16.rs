@@ -6,6 +6,7 @@
 //! f32, 8 bits of mantissa. NaNs stay (quiet) NaNs. Ratio: 2. The conversion is branch-free
 //! integer arithmetic that the compiler vectorizes.
 
+use crate::simd::multiversion;
 use crate::{Codec, CodecId, DecodeError, Header, HEADER_LEN};
 
 const BLOCK: usize = 2048;
@@ -25,6 +26,32 @@ pub(crate) fn from_bf16(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
+multiversion! {
+    fn encode_bf16(grad: &[f32], body: &mut [u8]) {
+        let mut buf = [0u16; BLOCK];
+        for (src, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(BLOCK * 2)) {
+            let b = &mut buf[..src.len()];
+            for (h, x) in b.iter_mut().zip(src) {
+                *h = to_bf16(*x);
+            }
+            dst.copy_from_slice(bytemuck::cast_slice(b));
+        }
+    }
+}
+
+multiversion! {
+    fn add_bf16(body: &[u8], acc: &mut [f32]) {
+        let mut bits = [0u16; BLOCK];
+        for (src, a) in body.chunks(BLOCK * 2).zip(acc.chunks_mut(BLOCK)) {
+            let b = &mut bits[..a.len()];
+            bytemuck::cast_slice_mut::<u16, u8>(b).copy_from_slice(src);
+            for (a, h) in a.iter_mut().zip(b.iter()) {
+                *a += from_bf16(*h);
+            }
+        }
+    }
+}
+
 /// Casts to bfloat16.
 #[derive(Debug, Clone, Default)]
 pub struct Bf16;
@@ -37,30 +64,13 @@ impl Codec for Bf16 {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         Header::write(out, CodecId::Bf16, grad.len());
         out.resize(HEADER_LEN + grad.len() * 2, 0);
-        let mut buf = [0u16; BLOCK];
-        for (src, dst) in grad
-            .chunks(BLOCK)
-            .zip(out[HEADER_LEN..].chunks_mut(BLOCK * 2))
-        {
-            let b = &mut buf[..src.len()];
-            for (h, x) in b.iter_mut().zip(src) {
-                *h = to_bf16(*x);
-            }
-            dst.copy_from_slice(bytemuck::cast_slice(b));
-        }
+        encode_bf16(grad, &mut out[HEADER_LEN..]);
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         let body = Header::check(payload, CodecId::Bf16, acc.len())?;
         crate::layout::expect_len(body, acc.len() * 2)?;
-        let mut bits = [0u16; BLOCK];
-        for (src, a) in body.chunks(BLOCK * 2).zip(acc.chunks_mut(BLOCK)) {
-            let b = &mut bits[..a.len()];
-            bytemuck::cast_slice_mut::<u16, u8>(b).copy_from_slice(src);
-            for (a, h) in a.iter_mut().zip(b.iter()) {
-                *a += from_bf16(*h);
-            }
-        }
+        add_bf16(body, acc);
         Ok(())
     }
 }
@@ -75,9 +85,9 @@ mod tests {
             0.0f32,
             -0.0,
             1.0,
-            1.00390625, // halfway between two bf16, even below
-            1.01171875, // halfway, even above
-            3.14159,
+            f32::from_bits(0x3F80_8000), // halfway between two bf16, even below
+            f32::from_bits(0x3F81_8000), // halfway, even above
+            std::f32::consts::PI,
             -2.7e-30,
             f32::MAX,
             f32::INFINITY,

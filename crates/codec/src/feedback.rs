@@ -10,9 +10,34 @@
 //! State layout: `GWS` + inner codec id, `u64` 0x4546 ("EF"), the residual (`u64` length
 //! and `f32`s), then the inner codec's state (`u64` length and bytes).
 
+use crate::simd::multiversion;
 use crate::{Codec, CodecId, DecodeError, Progress, SparseGrad, StateReader, StateWriter};
 
 const EF_TAG: u64 = 0x4546;
+
+multiversion! {
+    fn add_into(x: &mut [f32], g: &[f32], r: &[f32]) {
+        for ((x, g), r) in x.iter_mut().zip(g).zip(r) {
+            *x = g + r;
+        }
+    }
+}
+
+multiversion! {
+    fn neg_into(r: &mut [f32], x: &[f32]) {
+        for (r, x) in r.iter_mut().zip(x) {
+            *r = -x;
+        }
+    }
+}
+
+multiversion! {
+    fn negate(r: &mut [f32]) {
+        for r in r.iter_mut() {
+            *r = -*r;
+        }
+    }
+}
 
 /// Wraps a codec with a residual (error feedback).
 #[derive(Debug, Clone)]
@@ -71,8 +96,8 @@ impl<C: Codec> ErrorFeedback<C> {
 
     fn load_x(&mut self, grad: &[f32]) {
         self.scratch.clear();
-        self.scratch
-            .extend(grad.iter().zip(&self.residual).map(|(g, r)| g + r));
+        self.scratch.resize(grad.len(), 0.0);
+        add_into(&mut self.scratch, grad, &self.residual);
     }
 }
 
@@ -89,13 +114,9 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.load_x(grad);
         self.inner.encode(&self.scratch, out);
         // r = -(-x + decode(out)) = x - decode(out), exactly as a direct subtraction.
-        for (r, x) in self.residual.iter_mut().zip(&self.scratch) {
-            *r = -x;
-        }
+        neg_into(&mut self.residual, &self.scratch);
         if self.inner.decode_add(out, &mut self.residual).is_ok() {
-            for r in &mut self.residual {
-                *r = -*r;
-            }
+            negate(&mut self.residual);
         } else {
             // Only non-finite input makes a payload its own decoder refuses; the receivers
             // will refuse it too. Do not carry the poison into later steps.

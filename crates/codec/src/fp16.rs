@@ -9,6 +9,7 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 
+use crate::simd::multiversion;
 use crate::{Codec, CodecId, DecodeError, Header, HEADER_LEN};
 
 /// Elements converted per stack block.
@@ -41,6 +42,13 @@ impl Codec for Fp16 {
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         let body = Header::check(payload, CodecId::Fp16, acc.len())?;
         crate::layout::expect_len(body, acc.len() * 2)?;
+        add_fp16(body, acc);
+        Ok(())
+    }
+}
+
+multiversion! {
+    fn add_fp16(body: &[u8], acc: &mut [f32]) {
         let mut bits = [0u16; BLOCK];
         let mut vals = [0f32; BLOCK];
         for (src, a) in body.chunks(BLOCK * 2).zip(acc.chunks_mut(BLOCK)) {
@@ -52,7 +60,6 @@ impl Codec for Fp16 {
                 *a += v;
             }
         }
-        Ok(())
     }
 }
 

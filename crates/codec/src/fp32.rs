@@ -22,9 +22,7 @@ impl Codec for Fp32 {
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         let body = Header::check(payload, CodecId::None, acc.len())?;
         crate::layout::expect_len(body, acc.len() * 4)?;
-        for (a, c) in acc.iter_mut().zip(body.chunks_exact(4)) {
-            *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
+        crate::layout::add_f32_le(body, acc);
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use crate::simd::multiversion;
 use crate::DecodeError;
 
 /// The tensors of a flat gradient of `len` elements: the ranges of `layout` when its counts
@@ -26,6 +27,15 @@ pub fn segments(layout: &[usize], len: usize) -> impl Iterator<Item = Range<usiz
 #[inline(always)]
 pub(crate) fn f32_at(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+multiversion! {
+    /// Adds little-endian f32s from `body` into `acc` (as many as both hold).
+    pub(crate) fn add_f32_le(body: &[u8], acc: &mut [f32]) {
+        for (a, c) in acc.iter_mut().zip(body.chunks_exact(4)) {
+            *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
 }
 
 /// Checks that `body` (the payload after the header) is exactly `need` bytes.

@@ -26,6 +26,7 @@ mod powersgd;
 mod qsgd;
 mod rng;
 mod signsgd;
+mod simd;
 mod state;
 mod terngrad;
 // Sparse codecs (threshold, adaptive, topk, randomk, dgc): their `mod` lines go here.
@@ -36,8 +37,10 @@ mod sparse;
 mod threshold;
 mod topk;
 
+pub use adaptive::{Adaptive, AdaptiveConfig};
 pub use bf16::Bf16;
 pub use config::{CastConfig, CodecConfig, KNOWN};
+pub use dgc::{Dgc, DgcConfig};
 pub use feedback::ErrorFeedback;
 pub use fp16::Fp16;
 pub use fp32::Fp32;
@@ -47,14 +50,12 @@ pub use onebit::{OneBit, OneBitConfig};
 pub use params::{ConfigError, Params};
 pub use powersgd::{PowerSgd, PowerSgdConfig};
 pub use qsgd::{Qsgd, QsgdCoding, QsgdConfig, QsgdNorm};
+pub use randomk::{RandomK, RandomKConfig};
 pub use rng::StepRng;
 pub use signsgd::{SignSgd, SignSgdConfig};
+pub use sparse::ValueFormat;
 pub use state::{StateReader, StateWriter};
 pub use terngrad::{TernGrad, TernGradConfig};
-pub use adaptive::{Adaptive, AdaptiveConfig};
-pub use dgc::{Dgc, DgcConfig};
-pub use randomk::{RandomK, RandomKConfig};
-pub use sparse::ValueFormat;
 pub use threshold::{Threshold, ThresholdConfig};
 pub use topk::{TopK, TopKConfig, TopKScope, TopKSelect};
 

@@ -29,6 +29,7 @@ use std::ops::Range;
 
 use crate::layout::{expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add};
+use crate::simd::multiversion;
 use crate::{BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN};
 
 /// Parameters of 1-bit SGD.
@@ -154,6 +155,53 @@ impl OneBit {
     }
 }
 
+multiversion! {
+    fn encode_all(layout: &[usize], column: usize, grad: &[f32], body: &mut [u8]) {
+        let mut at = 0;
+        for c in columns(layout, grad.len(), column) {
+            let len = 8 + packed_bytes(c.len(), 1);
+            encode_column(&grad[c], &mut body[at..at + len]);
+            at += len;
+        }
+    }
+}
+
+multiversion! {
+    fn encode_fb(layout: &[usize], column: usize, grad: &[f32], residual: &mut [f32], body: &mut [u8]) {
+        let mut at = 0;
+        for c in columns(layout, grad.len(), column) {
+            let len = 8 + packed_bytes(c.len(), 1);
+            let r = &mut residual[c.clone()];
+            for (r, g) in r.iter_mut().zip(&grad[c]) {
+                *r += g;
+            }
+            let (pos, neg) = encode_column(r, &mut body[at..at + len]);
+            for v in r.iter_mut() {
+                *v -= if *v >= 0.0 { pos } else { neg };
+            }
+            at += len;
+        }
+    }
+}
+
+multiversion! {
+    fn decode_all(layout: &[usize], column: usize, body: &[u8], acc: &mut [f32]) {
+        let mut at = 0;
+        for c in columns(layout, acc.len(), column) {
+            let len = 8 + packed_bytes(c.len(), 1);
+            let (pos, neg) = (f32_at(body, at), f32_at(body, at + 4));
+            unpack_add::<1>(&body[at + 8..at + len], &mut acc[c], |b| {
+                if b != 0 {
+                    pos
+                } else {
+                    neg
+                }
+            });
+            at += len;
+        }
+    }
+}
+
 impl Codec for OneBit {
     fn id(&self) -> CodecId {
         CodecId::OneBit
@@ -162,30 +210,19 @@ impl Codec for OneBit {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         Header::write(out, CodecId::OneBit, grad.len());
         out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        let mut at = HEADER_LEN;
-        for c in columns(&self.layout, grad.len(), self.column) {
-            let len = 8 + packed_bytes(c.len(), 1);
-            encode_column(&grad[c], &mut out[at..at + len]);
-            at += len;
-        }
+        encode_all(&self.layout, self.column, grad, &mut out[HEADER_LEN..]);
     }
 
     fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
         Header::write(out, CodecId::OneBit, grad.len());
         out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        let mut at = HEADER_LEN;
-        for c in columns(&self.layout, grad.len(), self.column) {
-            let len = 8 + packed_bytes(c.len(), 1);
-            let r = &mut residual[c.clone()];
-            for (r, g) in r.iter_mut().zip(&grad[c]) {
-                *r += g;
-            }
-            let (pos, neg) = encode_column(r, &mut out[at..at + len]);
-            for v in r.iter_mut() {
-                *v -= if *v >= 0.0 { pos } else { neg };
-            }
-            at += len;
-        }
+        encode_fb(
+            &self.layout,
+            self.column,
+            grad,
+            residual,
+            &mut out[HEADER_LEN..],
+        );
         true
     }
 
@@ -198,19 +235,7 @@ impl Codec for OneBit {
             finite(f32_at(body, at + 4), "onebit neg")?;
             at += 8 + packed_bytes(c.len(), 1);
         }
-        let mut at = 0;
-        for c in columns(&self.layout, acc.len(), self.column) {
-            let len = 8 + packed_bytes(c.len(), 1);
-            let (pos, neg) = (f32_at(body, at), f32_at(body, at + 4));
-            unpack_add::<1>(&body[at + 8..at + len], &mut acc[c], |b| {
-                if b != 0 {
-                    pos
-                } else {
-                    neg
-                }
-            });
-            at += len;
-        }
+        decode_all(&self.layout, self.column, body, acc);
         Ok(())
     }
 }

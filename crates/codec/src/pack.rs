@@ -124,11 +124,8 @@ mod tests {
             });
             let mut acc = vec![0.5f32; n];
             unpack_add::<W>(&dst, &mut acc, |c| c as f32);
-            for i in 0..n {
-                assert_eq!(
-                    acc[i],
-                    ((i as u32).wrapping_mul(2654435761) & m) as f32 + 0.5
-                );
+            for (i, a) in acc.iter().enumerate() {
+                assert_eq!(*a, ((i as u32).wrapping_mul(2654435761) & m) as f32 + 0.5);
             }
         }
     }

@@ -95,7 +95,7 @@ pub struct PowerSgd {
 /// The matrix shape of a tensor of `len` elements and whether rank `r` compresses it.
 fn shape(len: usize, r: usize) -> Option<(usize, usize)> {
     let mut m = (len as f64).sqrt() as usize;
-    while m > 1 && len % m != 0 {
+    while m > 1 && !len.is_multiple_of(m) {
         m -= 1;
     }
     if m == 0 {
@@ -105,7 +105,7 @@ fn shape(len: usize, r: usize) -> Option<(usize, usize)> {
     ((n + m).checked_mul(r)? < n * m).then_some((n, m))
 }
 
-#[inline]
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 8;
     let mut s = [0f32; L];
@@ -124,7 +124,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             .sum::<f32>()
 }
 
-#[inline]
+#[inline(always)]
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += a * x;

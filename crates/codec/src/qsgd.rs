@@ -33,6 +33,7 @@ use crate::elias::{BitReader, BitWriter};
 use crate::layout::{expect_len, f32_at, finite};
 use crate::pack::{pack, packed_bytes, unpack_add, LANES};
 use crate::rng::uniform;
+use crate::simd::multiversion;
 use crate::{
     BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress, StateReader,
     StateWriter, StepRng, HEADER_LEN,
@@ -198,11 +199,15 @@ fn bucket_norm(x: &[f32], norm: QsgdNorm) -> f32 {
 #[inline(always)]
 fn level(v: f32, inv: f32, sf: f32, s: i32, key: u32, i: u32) -> i32 {
     let r = (v.abs() * inv).min(sf);
-    let l = r as i32;
-    let p = r - l as f32;
+    let fl = r.floor();
+    let p = r - fl;
+    // fl is an integer in [0, 32767]: adding 2^23 puts it in the mantissa, exactly, without
+    // a saturating float-to-int cast (which does not vectorize).
+    let l = (fl + 8_388_608.0).to_bits() as i32 - 0x4B00_0000;
     (l + (uniform(key, i) < p) as i32).min(s)
 }
 
+multiversion! {
 fn encode_fixed<const W: u32>(cfg: &QsgdConfig, key: u32, grad: &[f32], body: &mut [u8]) {
     let s = cfg.levels as i32;
     let sf = s as f32;
@@ -221,7 +226,9 @@ fn encode_fixed<const W: u32>(cfg: &QsgdConfig, key: u32, grad: &[f32], body: &m
         at += len;
     }
 }
+}
 
+#[inline(always)]
 fn max_code<const W: u32>(src: &[u8]) -> u32 {
     let mask = (1u32 << W) - 1;
     let k = 32 / W;
@@ -245,6 +252,7 @@ fn max_code<const W: u32>(src: &[u8]) -> u32 {
     m
 }
 
+multiversion! {
 fn decode_fixed<const W: u32>(
     cfg: &QsgdConfig,
     body: &[u8],
@@ -272,6 +280,7 @@ fn decode_fixed<const W: u32>(
         at += len;
     }
     Ok(())
+}
 }
 
 macro_rules! by_width {
@@ -407,7 +416,8 @@ impl Codec for Qsgd {
             QsgdCoding::Fixed => {
                 out.resize(HEADER_LEN + self.fixed_len(grad.len()), 0);
                 let body = &mut out[HEADER_LEN..];
-                by_width!(self.cfg.width(), encode_fixed, &self.cfg, key, grad, body)
+                let cfg = &self.cfg;
+                by_width!(cfg.width(), encode_fixed, cfg, key, grad, body)
             }
             QsgdCoding::Elias => self.encode_elias(key, grad, out),
         }
@@ -418,7 +428,8 @@ impl Codec for Qsgd {
         match self.cfg.coding {
             QsgdCoding::Fixed => {
                 expect_len(body, self.fixed_len(acc.len()))?;
-                by_width!(self.cfg.width(), decode_fixed, &self.cfg, body, acc)
+                let cfg = &self.cfg;
+                by_width!(cfg.width(), decode_fixed, cfg, body, acc)
             }
             QsgdCoding::Elias => {
                 self.walk_elias(body, acc.len(), |_, _| ())?;

@@ -18,6 +18,7 @@ use std::fmt;
 
 use crate::layout::{expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add};
+use crate::simd::multiversion;
 use crate::{BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN};
 
 /// Parameters of EF-signSGD.
@@ -59,6 +60,7 @@ pub struct SignSgd {
     layout: Vec<usize>,
 }
 
+#[inline(always)]
 fn l1(x: &[f32]) -> f32 {
     const L: usize = 16;
     let mut s = [0f32; L];
@@ -84,61 +86,51 @@ impl SignSgd {
             .map(|s| 4 + packed_bytes(s.len(), 1))
             .sum()
     }
-
-    fn encode_into(&self, x: &[f32], dst: &mut [u8]) -> f32 {
-        let d = x.len();
-        let scale = if d > 0 { l1(x) / d as f32 } else { 0.0 };
-        dst[..4].copy_from_slice(&scale.to_le_bytes());
-        pack::<1>(x, 0, &mut dst[4..], |v, _| (v >= 0.0) as u32);
-        scale
-    }
 }
 
-impl Codec for SignSgd {
-    fn id(&self) -> CodecId {
-        CodecId::SignSgd
-    }
+/// Writes one tensor (scale and sign bits) into `dst`; returns the scale.
+#[inline(always)]
+fn encode_tensor(x: &[f32], dst: &mut [u8]) -> f32 {
+    let d = x.len();
+    let scale = if d > 0 { l1(x) / d as f32 } else { 0.0 };
+    dst[..4].copy_from_slice(&scale.to_le_bytes());
+    pack::<1>(x, 0, &mut dst[4..], |v, _| (v >= 0.0) as u32);
+    scale
+}
 
-    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::SignSgd, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        let mut at = HEADER_LEN;
-        for s in segments(&self.layout, grad.len()) {
+multiversion! {
+    fn encode_all(layout: &[usize], grad: &[f32], body: &mut [u8]) {
+        let mut at = 0;
+        for s in segments(layout, grad.len()) {
             let len = 4 + packed_bytes(s.len(), 1);
-            self.encode_into(&grad[s], &mut out[at..at + len]);
+            encode_tensor(&grad[s], &mut body[at..at + len]);
             at += len;
         }
     }
+}
 
-    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
-        Header::write(out, CodecId::SignSgd, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        let mut at = HEADER_LEN;
-        for s in segments(&self.layout, grad.len()) {
+multiversion! {
+    fn encode_fb(layout: &[usize], grad: &[f32], residual: &mut [f32], body: &mut [u8]) {
+        let mut at = 0;
+        for s in segments(layout, grad.len()) {
             let len = 4 + packed_bytes(s.len(), 1);
             let r = &mut residual[s.clone()];
             for (r, g) in r.iter_mut().zip(&grad[s]) {
                 *r += g;
             }
-            let scale = self.encode_into(r, &mut out[at..at + len]);
+            let scale = encode_tensor(r, &mut body[at..at + len]);
             for v in r.iter_mut() {
                 *v -= if *v >= 0.0 { scale } else { -scale };
             }
             at += len;
         }
-        true
     }
+}
 
-    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
-        let body = Header::check(payload, CodecId::SignSgd, acc.len())?;
-        expect_len(body, self.body_len(acc.len()))?;
+multiversion! {
+    fn decode_all(layout: &[usize], body: &[u8], acc: &mut [f32]) {
         let mut at = 0;
-        for s in segments(&self.layout, acc.len()) {
-            finite(f32_at(body, at), "signsgd scale")?;
-            at += 4 + packed_bytes(s.len(), 1);
-        }
-        let mut at = 0;
-        for s in segments(&self.layout, acc.len()) {
+        for s in segments(layout, acc.len()) {
             let len = 4 + packed_bytes(s.len(), 1);
             let scale = f32_at(body, at);
             unpack_add::<1>(&body[at + 4..at + len], &mut acc[s], |b| {
@@ -150,6 +142,36 @@ impl Codec for SignSgd {
             });
             at += len;
         }
+    }
+}
+
+impl Codec for SignSgd {
+    fn id(&self) -> CodecId {
+        CodecId::SignSgd
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        Header::write(out, CodecId::SignSgd, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        encode_all(&self.layout, grad, &mut out[HEADER_LEN..]);
+    }
+
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
+        Header::write(out, CodecId::SignSgd, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        encode_fb(&self.layout, grad, residual, &mut out[HEADER_LEN..]);
+        true
+    }
+
+    fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
+        let body = Header::check(payload, CodecId::SignSgd, acc.len())?;
+        expect_len(body, self.body_len(acc.len()))?;
+        let mut at = 0;
+        for s in segments(&self.layout, acc.len()) {
+            finite(f32_at(body, at), "signsgd scale")?;
+            at += 4 + packed_bytes(s.len(), 1);
+        }
+        decode_all(&self.layout, body, acc);
         Ok(())
     }
 }

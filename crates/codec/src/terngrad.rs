@@ -24,6 +24,7 @@ use std::fmt;
 use crate::layout::{expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add, LANES};
 use crate::rng::uniform;
+use crate::simd::multiversion;
 use crate::{
     BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress, StateReader,
     StateWriter, StepRng, HEADER_LEN,
@@ -79,6 +80,7 @@ pub struct TernGrad {
 }
 
 /// Clip bound and local scale of one tensor: `(c sigma or inf, max |clipped|)`.
+#[inline(always)]
 fn tensor_stats(x: &[f32], clip: f32) -> (f32, f32) {
     const BLOCK: usize = 4096;
     let (mut sum, mut sq, mut mx) = (0f64, 0f64, 0f32);
@@ -129,22 +131,14 @@ impl TernGrad {
     }
 }
 
-impl Codec for TernGrad {
-    fn id(&self) -> CodecId {
-        CodecId::TernGrad
-    }
-
-    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        let key = self.rng.next_key();
-        let shared = self.shared.take();
-        Header::write(out, CodecId::TernGrad, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        let mut at = HEADER_LEN;
-        for seg in segments(&self.layout, grad.len()) {
+multiversion! {
+    fn encode_all(layout: &[usize], clip: f32, key: u32, shared: Option<f32>, grad: &[f32], body: &mut [u8]) {
+        let mut at = 0;
+        for seg in segments(layout, grad.len()) {
             let x = &grad[seg.clone()];
             let len = 4 + packed_bytes(x.len(), 2);
-            let dst = &mut out[at..at + len];
-            let (bound, local) = tensor_stats(x, self.clip);
+            let dst = &mut body[at..at + len];
+            let (bound, local) = tensor_stats(x, clip);
             let s = shared.unwrap_or(local);
             dst[..4].copy_from_slice(&s.to_le_bytes());
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
@@ -155,6 +149,41 @@ impl Codec for TernGrad {
             });
             at += len;
         }
+    }
+}
+
+multiversion! {
+    fn decode_all(layout: &[usize], body: &[u8], acc: &mut [f32]) {
+        let mut at = 0;
+        for seg in segments(layout, acc.len()) {
+            let len = 4 + packed_bytes(seg.len(), 2);
+            let s = f32_at(body, at);
+            unpack_add::<2>(&body[at + 4..at + len], &mut acc[seg], |c| {
+                ((c & 1) as f32 - (c >> 1) as f32) * s
+            });
+            at += len;
+        }
+    }
+}
+
+impl Codec for TernGrad {
+    fn id(&self) -> CodecId {
+        CodecId::TernGrad
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
+        let key = self.rng.next_key();
+        let shared = self.shared.take();
+        Header::write(out, CodecId::TernGrad, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        encode_all(
+            &self.layout,
+            self.clip,
+            key,
+            shared,
+            grad,
+            &mut out[HEADER_LEN..],
+        );
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
@@ -177,15 +206,7 @@ impl Codec for TernGrad {
             }
             at += len;
         }
-        let mut at = 0;
-        for seg in segments(&self.layout, acc.len()) {
-            let len = 4 + packed_bytes(seg.len(), 2);
-            let s = f32_at(body, at);
-            unpack_add::<2>(&body[at + 4..at + len], &mut acc[seg], |c| {
-                ((c & 1) as f32 - (c >> 1) as f32) * s
-            });
-            at += len;
-        }
+        decode_all(&self.layout, body, acc);
         Ok(())
     }
 
@@ -260,8 +281,8 @@ mod tests {
             d.fill(0.0);
             t.decode_add(&out, &mut d).unwrap();
             let s0 = f32_at(&out, HEADER_LEN);
-            for i in 0..300 {
-                assert!(d[i] == 0.0 || d[i].abs() == s0);
+            for v in &d[..300] {
+                assert!(*v == 0.0 || v.abs() == s0);
             }
             for i in 0..g.len() {
                 mean[i] += d[i] as f64 / trials as f64;
