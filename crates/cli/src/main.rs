@@ -1,2 +1,73 @@
-//! The `gradwire` binary.
-fn main() {}
+//! `gradwire`: communication-efficient distributed training from the command line.
+//!
+//! Subcommands: `launch` starts N local ranks (like horovodrun / torchrun); `check` verifies
+//! that the ranks of a job reach each other and reduce correctly; `bench` measures
+//! collectives and codecs.
+
+mod bench;
+mod bench_allreduce;
+mod check;
+mod launch;
+mod size;
+mod world;
+
+use clap::{Parser, Subcommand};
+
+/// Communication-efficient distributed deep-learning training.
+#[derive(Parser, Debug)]
+#[command(name = "gradwire", version, about, long_about = None)]
+struct Cli {
+    /// More log output (-v: debug, -vv: trace); `RUST_LOG` overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start N local ranks of a command, with the rendezvous environment set.
+    ///
+    /// Each rank gets GRADWIRE_RANK, GRADWIRE_WORLD_SIZE, GRADWIRE_MASTER_ADDR,
+    /// GRADWIRE_MASTER_PORT and GRADWIRE_TOKEN; its output lines are prefixed with its rank.
+    /// When one rank fails the others are stopped and launch exits with the failing rank's code.
+    Launch(launch::LaunchArgs),
+    /// Check that the ranks of a job reach each other and all-reduce correctly.
+    ///
+    /// Run it under `gradwire launch -n N -- gradwire check` (or mpirun / srun / torchrun).
+    Check(check::CheckArgs),
+    /// Measure collectives (`bench allreduce`) or codecs (`bench codecs`).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Launch(a) => launch::run(&a),
+        Command::Check(a) => check::run(&a).map(|()| 0),
+        Command::Bench(b) => bench::run(b).map(|()| 0),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("gradwire: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,22 @@
+//! `gradwire bench`: the benchmark subcommands.
+
+use anyhow::Result;
+use clap::Subcommand;
+
+/// Which benchmark to run.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Collective bandwidth and latency across P ranks (all-reduce, all-gather, broadcast).
+    ///
+    /// Starts P ranks itself (TCP on loopback by default) and prints, per size, the median
+    /// over iterations of the slowest rank's time and the bus bandwidth (nccl-tests
+    /// convention: all-reduce moves bytes x 2(P-1)/P).
+    Allreduce(crate::bench_allreduce::AllreduceBenchArgs),
+}
+
+/// Runs a benchmark subcommand.
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Allreduce(a) => crate::bench_allreduce::run(&a),
+    }
+}

@@ -1,0 +1,282 @@
+//! `gradwire bench allreduce`: collective timings across P ranks, as a table and as JSON.
+//!
+//! JSON shape (other tools read it; keep it):
+//! `{"op":"allreduce","transport":"tcp","np":4,"algo":"auto","results":[{"bytes":1048576,"median_us":812.5,"busbw_gbps":1.94}]}`
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use gradwire_collective::{Algorithm, Collectives, ReduceOp};
+use gradwire_transport::local::Local;
+use gradwire_transport::Transport;
+use serde::{Deserialize, Serialize};
+
+use crate::launch::{describe, spawn_capturing, RankSpec};
+use crate::size::{format_size, parse_size};
+
+/// Which transport the benchmark ranks use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// P processes, full TCP mesh on loopback.
+    Tcp,
+    /// P threads of this process.
+    Local,
+}
+
+/// Which collective to time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchOp {
+    /// Sum all-reduce of f32.
+    Allreduce,
+    /// All-gather; the size is the gathered total.
+    Allgather,
+    /// Broadcast from rank 0.
+    Broadcast,
+}
+
+/// Arguments of `gradwire bench allreduce`.
+#[derive(Args, Debug, Clone)]
+pub struct AllreduceBenchArgs {
+    /// Number of ranks to start (ignored when run under a launcher: the job's size is used).
+    #[arg(long, default_value_t = 2)]
+    np: usize,
+    /// Message sizes in bytes, comma-separated (4KiB, 1MiB, ...).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4KiB,64KiB,1MiB,16MiB,64MiB")]
+    sizes: Vec<usize>,
+    /// Transport between the ranks.
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportKind,
+    /// Algorithm: auto, ring, rd, rabenseifner.
+    #[arg(long, default_value = "auto")]
+    algo: Algorithm,
+    /// Collective to time.
+    #[arg(long, value_enum, default_value = "allreduce")]
+    op: BenchOp,
+    /// Timed iterations per size (default: from 200 for small messages down to 10).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Warm-up iterations per size.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Internal: run as one rank of the benchmark and print JSON (set by the parent).
+    #[arg(long, hide = true)]
+    worker: bool,
+}
+
+/// The benchmark's JSON report.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// Collective timed.
+    pub op: BenchOp,
+    /// Transport used.
+    pub transport: TransportKind,
+    /// Number of ranks.
+    pub np: usize,
+    /// Algorithm requested.
+    pub algo: String,
+    /// One entry per size.
+    pub results: Vec<SizeResult>,
+}
+
+/// The timing of one size.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SizeResult {
+    /// Message size in bytes.
+    pub bytes: usize,
+    /// Median over iterations of the slowest rank's time, microseconds.
+    pub median_us: f64,
+    /// Bus bandwidth, GB/s (1e9 bytes).
+    pub busbw_gbps: f64,
+}
+
+/// Runs the benchmark (as the parent, or as one rank with `--worker` or under a launcher).
+pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
+    if args.sizes.iter().any(|&s| s < 4) {
+        bail!("every size must be at least 4 bytes (one f32)");
+    }
+    let under_launcher = std::env::var_os("GRADWIRE_RANK").is_some();
+    if args.worker || (under_launcher && args.transport == TransportKind::Tcp) {
+        let mut t = crate::world::join_from_env()?;
+        let report = measure(&mut t, args)?;
+        if t.rank() == 0 {
+            if args.worker {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                finish(&report, args)?;
+            }
+        }
+        return Ok(());
+    }
+    if args.np == 0 {
+        bail!("--np must be at least 1");
+    }
+    let report = match args.transport {
+        TransportKind::Local => {
+            let handles: Vec<_> = Local::world(args.np)
+                .into_iter()
+                .map(|mut t| {
+                    let a = args.clone();
+                    std::thread::spawn(move || measure(&mut t, &a))
+                })
+                .collect();
+            let mut reports = Vec::new();
+            for h in handles {
+                reports.push(
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??,
+                );
+            }
+            reports.swap_remove(0)
+        }
+        TransportKind::Tcp => run_processes(args)?,
+    };
+    finish(&report, args)
+}
+
+fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let mut child_args = vec!["bench".to_string(), "allreduce".into(), "--worker".into()];
+    child_args.push(format!(
+        "--sizes={}",
+        args.sizes
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    ));
+    child_args.push(format!("--algo={}", args.algo));
+    child_args.push(format!(
+        "--op={}",
+        args.op.to_possible_value().expect("value").get_name()
+    ));
+    child_args.push(format!("--warmup={}", args.warmup));
+    if let Some(i) = args.iters {
+        child_args.push(format!("--iters={i}"));
+    }
+    let spec = RankSpec {
+        np: args.np,
+        master: None,
+        timeout: None,
+        program: exe.display().to_string(),
+        args: child_args,
+    };
+    let mut ranks = spawn_capturing(&spec)?;
+    let captured = ranks.captured.take().expect("rank 0 captured");
+    let outcome = ranks.wait()?;
+    let out = captured
+        .join()
+        .map_err(|_| anyhow::anyhow!("reading rank 0's output"))?;
+    if let Some((rank, status)) = outcome.failure {
+        bail!("benchmark rank {rank} failed ({})", describe(status));
+    }
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("rank 0 printed no result")?;
+    serde_json::from_str(line).context("parsing rank 0's result")
+}
+
+fn finish(report: &Report, args: &AllreduceBenchArgs) -> Result<()> {
+    print_table(report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    println!(
+        "# {:?} over {} ranks, transport {:?}, algo {}",
+        r.op, r.np, r.transport, r.algo
+    );
+    println!("{:>10} {:>12} {:>12}", "size", "median_us", "busbw_GB/s");
+    for x in &r.results {
+        println!(
+            "{:>10} {:>12.1} {:>12.3}",
+            format_size(x.bytes),
+            x.median_us,
+            x.busbw_gbps
+        );
+    }
+}
+
+/// Default iteration count: many for small messages, fewer for large.
+fn iterations(bytes: usize, requested: Option<usize>) -> usize {
+    requested.unwrap_or_else(|| ((256usize << 20) / bytes.max(1)).clamp(10, 200))
+}
+
+/// Times every size on this rank; all ranks return the same report.
+fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Result<Report> {
+    let np = t.world_size();
+    let mut results = Vec::new();
+    for &bytes in &args.sizes {
+        let elems = bytes / 4;
+        let iters = iterations(bytes, args.iters);
+        let mut buf: Vec<f32> = (0..elems).map(|i| (i % 13) as f32).collect();
+        let mut out = vec![
+            0f32;
+            if args.op == BenchOp::Allgather {
+                elems / np * np
+            } else {
+                0
+            }
+        ];
+        let mine = elems / np;
+        let mut times = vec![0f64; iters];
+        for i in 0..args.warmup + iters {
+            t.barrier()?;
+            let start = Instant::now();
+            match args.op {
+                BenchOp::Allreduce => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
+                BenchOp::Allgather => t.all_gather_into(&buf[..mine], &mut out)?,
+                BenchOp::Broadcast => t.broadcast(&mut buf, 0)?,
+            }
+            let dt = start.elapsed().as_secs_f64();
+            if i >= args.warmup {
+                times[i - args.warmup] = dt;
+            }
+            if args.op == BenchOp::Allreduce && i % 8 == 7 {
+                // Keep the values bounded across iterations.
+                buf.iter_mut()
+                    .enumerate()
+                    .for_each(|(j, x)| *x = (j % 13) as f32);
+            }
+        }
+        // Slowest rank per iteration, then the median.
+        t.all_reduce(&mut times, ReduceOp::Max)?;
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        let p = np as f64;
+        let factor = match args.op {
+            BenchOp::Allreduce => 2.0 * (p - 1.0) / p,
+            BenchOp::Allgather => (p - 1.0) / p,
+            BenchOp::Broadcast => 1.0,
+        };
+        let busbw = if median > 0.0 {
+            bytes as f64 * factor / median / 1e9
+        } else {
+            0.0
+        };
+        results.push(SizeResult {
+            bytes,
+            median_us: median * 1e6,
+            busbw_gbps: busbw,
+        });
+    }
+    Ok(Report {
+        op: args.op,
+        transport: args.transport,
+        np,
+        algo: args.algo.to_string(),
+        results,
+    })
+}

@@ -1,0 +1,285 @@
+//! `gradwire launch`: start N local ranks, prefix their output, stop all on the first failure.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+/// Arguments of `gradwire launch`.
+#[derive(Args, Debug)]
+pub struct LaunchArgs {
+    /// Number of ranks to start.
+    #[arg(short = 'n', long = "np", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    np: u32,
+    /// Rendezvous address of rank 0 (default: 127.0.0.1 and a free port).
+    #[arg(long)]
+    master: Option<SocketAddr>,
+    /// Deadline in seconds for every blocking call of the ranks (GRADWIRE_TIMEOUT).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Do not prefix output lines with the rank.
+    #[arg(long)]
+    no_prefix: bool,
+    /// The command each rank runs, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+/// Runs the launcher; returns the exit code for the process.
+pub fn run(args: &LaunchArgs) -> Result<i32> {
+    let spec = RankSpec {
+        np: args.np as usize,
+        master: args.master,
+        timeout: args.timeout,
+        program: args.command[0].clone(),
+        args: args.command[1..].to_vec(),
+    };
+    let ranks = spawn(&spec, !args.no_prefix)?;
+    let outcome = ranks.wait()?;
+    if let Some((rank, status)) = outcome.failure {
+        let code = exit_code(status);
+        eprintln!(
+            "gradwire launch: rank {rank} failed ({}); the other ranks were stopped",
+            describe(status)
+        );
+        return Ok(code);
+    }
+    Ok(0)
+}
+
+/// What to start.
+pub struct RankSpec {
+    /// Number of ranks.
+    pub np: usize,
+    /// Rendezvous address (default: loopback, a free port).
+    pub master: Option<SocketAddr>,
+    /// Deadline in seconds passed as GRADWIRE_TIMEOUT.
+    pub timeout: Option<f64>,
+    /// Program to run.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+/// Ranks started by [`spawn`]; dropping it kills those still running.
+pub struct Ranks {
+    children: Vec<Option<Child>>,
+    pumps: Vec<JoinHandle<()>>,
+    /// Rank 0's standard output, when captured.
+    pub captured: Option<JoinHandle<String>>,
+}
+
+/// How a set of ranks ended.
+pub struct Outcome {
+    /// The first rank that failed and how, if any.
+    pub failure: Option<(usize, ExitStatus)>,
+}
+
+/// Starts the ranks with prefixed output (`prefix`), or with rank 0's stdout captured
+/// into [`Ranks::captured`] and the other ranks' stdout discarded (`!prefix`).
+pub fn spawn(spec: &RankSpec, prefix: bool) -> Result<Ranks> {
+    spawn_inner(spec, prefix, false)
+}
+
+/// Like [`spawn`] but captures rank 0's standard output (for `bench`).
+pub fn spawn_capturing(spec: &RankSpec) -> Result<Ranks> {
+    spawn_inner(spec, false, true)
+}
+
+fn spawn_inner(spec: &RankSpec, prefix: bool, capture: bool) -> Result<Ranks> {
+    let master = match spec.master {
+        Some(m) => m,
+        None => free_loopback_port()?,
+    };
+    let token = format!("{:032x}", rand::random::<u128>());
+    let mut ranks = Ranks {
+        children: Vec::new(),
+        pumps: Vec::new(),
+        captured: None,
+    };
+    for rank in 0..spec.np {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env("GRADWIRE_RANK", rank.to_string())
+            .env("GRADWIRE_WORLD_SIZE", spec.np.to_string())
+            .env("GRADWIRE_LOCAL_RANK", rank.to_string())
+            .env("GRADWIRE_MASTER_ADDR", master.ip().to_string())
+            .env("GRADWIRE_MASTER_PORT", master.port().to_string())
+            .env("GRADWIRE_TOKEN", &token)
+            .stdin(Stdio::null());
+        if let Some(t) = spec.timeout {
+            cmd.env("GRADWIRE_TIMEOUT", t.to_string());
+        }
+        let capture_this = capture && rank == 0;
+        if prefix || capture_this {
+            cmd.stdout(Stdio::piped());
+        } else if capture {
+            cmd.stdout(Stdio::null());
+        }
+        if prefix {
+            cmd.stderr(Stdio::piped());
+        }
+        // SAFETY: setpgid and prctl are async-signal-safe. Each rank leads its own process
+        // group (so stopping it also stops what it started), and the kernel kills it when
+        // the launcher dies, so no rank outlives a crashed launcher.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting rank {rank}: {}", spec.program))?;
+        if capture_this {
+            let mut out = child.stdout.take().expect("piped");
+            ranks.captured = Some(std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = out.read_to_string(&mut s);
+                s
+            }));
+        } else if prefix {
+            let out = child.stdout.take().expect("piped");
+            let err = child.stderr.take().expect("piped");
+            ranks.pumps.push(pump(rank, out, false));
+            ranks.pumps.push(pump(rank, err, true));
+        }
+        ranks.children.push(Some(child));
+    }
+    Ok(ranks)
+}
+
+impl Ranks {
+    /// Waits for every rank; on the first failure stops the others (SIGTERM, then SIGKILL
+    /// after a grace period) and reports that rank.
+    pub fn wait(mut self) -> Result<Outcome> {
+        let mut failure = None;
+        let mut running = self.children.len();
+        while running > 0 {
+            for rank in 0..self.children.len() {
+                let Some(child) = self.children[rank].as_mut() else {
+                    continue;
+                };
+                if let Some(status) = child
+                    .try_wait()
+                    .with_context(|| format!("waiting for rank {rank}"))?
+                {
+                    self.children[rank] = None;
+                    running -= 1;
+                    if !status.success() && failure.is_none() {
+                        failure = Some((rank, status));
+                        self.stop_all();
+                        running = 0;
+                        break;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for p in self.pumps.drain(..) {
+            let _ = p.join();
+        }
+        Ok(Outcome { failure })
+    }
+
+    /// Stops every rank still running.
+    fn stop_all(&mut self) {
+        for child in self.children.iter().flatten() {
+            signal_group(child, libc::SIGTERM);
+        }
+        let grace = Instant::now() + Duration::from_secs(3);
+        for child in self.children.iter_mut() {
+            if let Some(c) = child.as_mut() {
+                while Instant::now() < grace {
+                    if let Ok(Some(_)) = c.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                signal_group(c, libc::SIGKILL);
+                let _ = c.wait();
+            }
+            *child = None;
+        }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            signal_group(child, libc::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sends `sig` to a rank's whole process group (the rank and whatever it started).
+fn signal_group(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the process group of a child we spawned (it called setpgid(0, 0))
+    // and have not reaped, so the group id is still ours.
+    unsafe { libc::kill(-(child.id() as libc::pid_t), sig) };
+}
+
+/// Copies a child's stream line by line with a `[rank]` prefix.
+fn pump(rank: usize, stream: impl Read + Send + 'static, to_stderr: bool) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if !line.ends_with(b"\n") {
+                        line.push(b'\n');
+                    }
+                    let prefix = format!("[{rank}] ");
+                    let res = if to_stderr {
+                        let mut e = std::io::stderr().lock();
+                        e.write_all(prefix.as_bytes())
+                            .and_then(|()| e.write_all(&line))
+                    } else {
+                        let mut o = std::io::stdout().lock();
+                        o.write_all(prefix.as_bytes())
+                            .and_then(|()| o.write_all(&line))
+                            .and_then(|()| o.flush())
+                    };
+                    if res.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// A free port on 127.0.0.1 (bound and released; rank 0 binds it right after).
+fn free_loopback_port() -> Result<SocketAddr> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .context("finding a free port for the rendezvous")?;
+    Ok(l.local_addr()?)
+}
+
+/// The exit code that reports `status` (128 + signal for a killed rank).
+pub fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 1,
+    }
+}
+
+/// Human words for an exit status.
+pub fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        (None, None) => "unknown status".into(),
+    }
+}

@@ -1,0 +1,301 @@
+//! Integration tests that start real `gradwire` processes on 127.0.0.1.
+//!
+//! Every child is owned by a [`Procs`] guard that kills it on drop, so a failing test leaves
+//! no process behind.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn gradwire() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gradwire"))
+}
+
+/// Children killed on drop.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs a command with a hard deadline; kills it and fails the test past the deadline.
+fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) of our own child's pid.
+            unsafe { libc_kill(id) };
+            panic!("command did not finish within {limit:?}");
+        }
+    }
+}
+
+unsafe fn libc_kill(pid: u32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: plain syscall on a pid we spawned.
+    unsafe { kill(pid as i32, 9) };
+}
+
+fn rank_env(cmd: &mut Command, rank: usize, n: usize, port: u16, token: &str) {
+    cmd.env("GRADWIRE_RANK", rank.to_string())
+        .env("GRADWIRE_WORLD_SIZE", n.to_string())
+        .env("GRADWIRE_MASTER_ADDR", "127.0.0.1")
+        .env("GRADWIRE_MASTER_PORT", port.to_string())
+        .env("GRADWIRE_TOKEN", token);
+}
+
+#[test]
+fn launch_four_ranks_allreduce_over_tcp() {
+    let mut cmd = gradwire();
+    cmd.args([
+        "launch",
+        "-n",
+        "4",
+        "--",
+        env!("CARGO_BIN_EXE_gradwire"),
+        "check",
+        "--elements",
+        "100003",
+        "--iters",
+        "2",
+    ]);
+    let out = output_within(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "launch failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in 0..4 {
+        assert!(
+            stdout.contains(&format!(
+                "[{r}] rank {r}/4: iteration 1: all-reduce of 100003 elements ok"
+            )),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn launch_stops_all_and_returns_the_failing_code() {
+    let mut cmd = gradwire();
+    cmd.args([
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$GRADWIRE_RANK\" = 1 ]; then echo bye; exit 7; fi; sleep 60",
+    ]);
+    let start = Instant::now();
+    let out = output_within(cmd, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(7));
+    assert!(start.elapsed() < Duration::from_secs(20));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[1] bye"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rank 1 failed"));
+}
+
+#[test]
+fn killed_rank_is_named_by_every_survivor_within_the_deadline() {
+    let n = 4;
+    let port = free_port();
+    let mut procs = Procs(Vec::new());
+    let mut ready = Vec::new();
+    for r in 0..n {
+        let mut cmd = gradwire();
+        cmd.args(["check", "--elements", "50000", "--iters", "1000000000"]);
+        rank_env(&mut cmd, r, n, port, "kill-test");
+        cmd.env("GRADWIRE_TIMEOUT", "5")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if line.is_err() || tx.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        ready.push(rx);
+        procs.0.push(child);
+    }
+    // Wait until every rank is inside the all-reduce loop, then kill rank 2.
+    for rx in &ready {
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("rank started its loop");
+    }
+    procs.0[2].kill().unwrap();
+    let killed_at = Instant::now();
+    for r in [0, 1, 3] {
+        let child = &mut procs.0[r];
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(15),
+                "rank {r} still running 15 s after the kill"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(!status.success(), "rank {r} should fail");
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(
+            err.contains("rank 2"),
+            "rank {r}'s error should name rank 2: {err}"
+        );
+    }
+}
+
+#[test]
+fn wrong_token_and_garbage_are_refused_while_the_job_completes() {
+    let n = 2;
+    let port = free_port();
+    let mut procs = Procs(Vec::new());
+    let mut cmd0 = gradwire();
+    cmd0.args(["check", "--elements", "1000", "--iters", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    rank_env(&mut cmd0, 0, n, port, "the-right-token");
+    procs.0.push(cmd0.spawn().unwrap());
+    // Once rank 0 listens: a stranger with a wrong token, and one sending random bytes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut wrong = loop {
+        match TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("rank 0 never listened: {e}"),
+        }
+    };
+    // A well-formed hello (magic GWH1, kind 1, rank 1, world 2, port 1) with a wrong token.
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&0x3148_5747u32.to_le_bytes());
+    hello.push(1);
+    hello.extend_from_slice(&1u32.to_le_bytes());
+    hello.extend_from_slice(&2u32.to_le_bytes());
+    hello.extend_from_slice(&1u16.to_le_bytes());
+    hello.extend_from_slice(&5u16.to_le_bytes());
+    hello.extend_from_slice(b"wrong");
+    wrong.write_all(&hello).unwrap();
+    let mut junk = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    junk.write_all(&garbage).unwrap();
+    // Now the real rank 1.
+    let mut cmd1 = gradwire();
+    cmd1.args(["check", "--elements", "1000", "--iters", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    rank_env(&mut cmd1, 1, n, port, "the-right-token");
+    procs.0.push(cmd1.spawn().unwrap());
+    for (r, child) in procs.0.iter_mut().enumerate() {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "rank {r} hung");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(status.success(), "rank {r} failed: {out}\n{err}");
+        assert!(
+            out.contains("iteration 1: all-reduce of 1000 elements ok"),
+            "{out}"
+        );
+        if r == 0 {
+            assert!(
+                err.contains("refused"),
+                "rank 0 should log the refused connections: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bench_allreduce_writes_the_json_shape() {
+    let dir = std::env::temp_dir().join(format!("gradwire-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("b.json");
+    let mut cmd = gradwire();
+    cmd.args([
+        "bench",
+        "allreduce",
+        "--np",
+        "3",
+        "--sizes",
+        "4KiB,64KiB",
+        "--iters",
+        "3",
+        "--json",
+    ])
+    .arg(&json);
+    let out = output_within(cmd, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["op"], "allreduce");
+    assert_eq!(v["transport"], "tcp");
+    assert_eq!(v["np"], 3);
+    assert_eq!(v["algo"], "auto");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["bytes"], 4096);
+    assert!(results[1]["median_us"].as_f64().unwrap() > 0.0);
+    assert!(results[1]["busbw_gbps"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
