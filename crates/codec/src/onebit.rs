@@ -19,10 +19,10 @@
 //! 4..8          neg   f32  mean of the entries < 0
 //! 8..8+4*ceil(c/32)        sign bits, 32 per u32 word, lane-packed (see below)
 //! ```
-//! Bits use the lane-parallel packing of `pack.rs`: in each block of 512 elements, element
-//! `32 * 0 + 16 * j + l`... precisely, element `j * 16 + l` of a block is bit `j` of word `l`;
-//! a final partial block of `r` elements has `ceil(r/32)` words with element `j * lanes + l`
-//! at bit `j` of word `l`. Ratio: `32 c / (c + 64)` per column of `c` (about 31 for 2048).
+//! Bits use the lane-parallel packing of `pack.rs`: in each full block of 512 elements
+//! (16 words), element `16 j + l` of the block is bit `j` of word `l`; a final partial block of
+//! `r` elements has `lanes = ceil(r/32)` words with element `j * lanes + l` at bit `j` of word
+//! `l`. Ratio: `32 c / (c + 64)` per column of `c` (about 31 for 2048).
 
 use std::fmt;
 use std::ops::Range;
