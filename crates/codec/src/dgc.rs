@@ -160,7 +160,7 @@ fn momentum_scan<const NESTEROV: bool>(
                 *uu = un;
                 *vv += un;
             }
-            hits += ((key(*vv) as i32) > t) as u32;
+            hits |= ((key(*vv) as i32) > t) as u32;
         }
         if hits != 0 {
             for (j, &x) in vb.iter().enumerate() {

@@ -114,11 +114,11 @@ const BLOCK: usize = 32;
 
 #[inline(always)]
 fn hits(block: &[f32], thr: i32) -> u32 {
-    let mut n = 0u32;
+    let mut any = 0u32;
     for &v in block {
-        n += ((key(v) as i32) > thr) as u32;
+        any |= ((key(v) as i32) > thr) as u32;
     }
-    n
+    any
 }
 
 #[inline(never)]
@@ -155,7 +155,7 @@ pub(crate) fn scan_add_into(g: &[f32], r: &mut [f32], thr: u32, cand: &mut Vec<u
         let mut n = 0u32;
         for (x, &y) in rb.iter_mut().zip(gb) {
             *x += y;
-            n += ((key(*x) as i32) > t) as u32;
+            n |= ((key(*x) as i32) > t) as u32;
         }
         if n != 0 {
             push_hits(rb, base, thr, cand);
