@@ -298,6 +298,13 @@ impl Codec for PowerSgd {
         let q_len = r.u64()?;
         let q = r.f32s()?;
         r.finish()?;
+        // Bound the work of re-deriving shapes (trial division up to sqrt(len)).
+        if q_len != usize::MAX as u64 && q_len > 1 << 40 {
+            return Err(DecodeError::InvalidField {
+                field: "state",
+                reason: "gradient length too large",
+            });
+        }
         self.rng = rng;
         self.q_len = usize::try_from(q_len).unwrap_or(usize::MAX);
         self.q = q;

@@ -1,0 +1,5 @@
+#![no_main]
+//! Fuzzes the `threshold:tau=0.01` decoder (see `src/lib.rs` for the input format).
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| gradwire_fuzz::decode("threshold:tau=0.01", data));

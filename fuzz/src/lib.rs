@@ -1,0 +1,71 @@
+//! Shared driver of the codec fuzz targets.
+//!
+//! Input: `mode` byte, element count (u16 LE, mod 3000), seed byte, then `rest`.
+//! - `mode & 1 == 0`: the payload is a valid header for `n` elements followed by `rest`.
+//! - `mode & 1 == 1`: a real payload (a deterministic gradient encoded by the codec) is
+//!   mutated: `rest[0..2]` = offset, `rest[2..4]` = truncation length (applied when
+//!   `mode & 4`), `rest[4..]` is XORed into the payload from the offset.
+//! - `mode & 2`: the codec is built with a three-tensor layout.
+//! - `mode & 8`: `rest` is also given to `load_state`.
+//!
+//! Every decoder must return (Ok or a `DecodeError`) without panicking; a payload the decoder
+//! accepts must leave the accumulator finite when it was made from a finite gradient and not
+//! mutated.
+
+use gradwire_codec::{BuildContext, CodecConfig, Header};
+
+/// Runs one fuzz input against the decoder of `spec`.
+pub fn decode(spec: &str, data: &[u8]) {
+    if data.len() < 4 {
+        return;
+    }
+    let cfg: CodecConfig = spec.parse().expect("fuzz target spec parses");
+    let mode = data[0];
+    let n = u16::from_le_bytes([data[1], data[2]]) as usize % 3000;
+    let layout = if mode & 2 != 0 && n >= 3 {
+        vec![n / 3, n / 3, n - 2 * (n / 3)]
+    } else {
+        Vec::new()
+    };
+    let ctx = BuildContext {
+        seed: data[3] as u64,
+        rank: 0,
+        world_size: 2,
+        layout,
+    };
+    let mut codec = cfg.build(&ctx);
+    let rest = &data[4..];
+    let mut payload = Vec::new();
+    if mode & 1 == 0 {
+        Header::write(&mut payload, cfg.id(), n);
+        payload.extend_from_slice(rest);
+    } else {
+        let seed = data[3] as usize;
+        let g: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 + seed * 31) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        codec.encode(&g, &mut payload);
+        if rest.len() < 4 {
+            let mut acc = vec![0f32; n];
+            codec
+                .decode_add(&payload, &mut acc)
+                .expect("a codec decodes its own payload");
+            assert!(acc.iter().all(|v| v.is_finite()), "{spec}: non-finite decode");
+            return;
+        }
+        let off = u16::from_le_bytes([rest[0], rest[1]]) as usize % (payload.len() + 1);
+        let trunc = u16::from_le_bytes([rest[2], rest[3]]) as usize;
+        for (p, x) in payload[off..].iter_mut().zip(&rest[4..]) {
+            *p ^= x;
+        }
+        if mode & 4 != 0 {
+            payload.truncate(trunc % (payload.len() + 1));
+        }
+    }
+    let mut acc = vec![0f32; n];
+    let _ = codec.decode_add(&payload, &mut acc);
+    if mode & 8 != 0 {
+        let _ = codec.load_state(rest);
+        let _ = codec.decode_add(&payload, &mut acc);
+    }
+}
