@@ -47,18 +47,26 @@ impl Codec for Fp16 {
     }
 }
 
+/// binary16 bits to f32, exactly (branch-free, so it vectorizes): the exponent and
+/// mantissa shifted into place and scaled by 2^112 (exact, also for subnormals); infinities
+/// and NaNs get the f32 all-ones exponent.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let em = h & 0x7fff;
+    let scaled = (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits();
+    let bits = if em >= 0x7c00 {
+        (em << 13) | 0x7f80_0000
+    } else {
+        scaled
+    };
+    f32::from_bits(bits | ((h & 0x8000) << 16))
+}
+
 multiversion! {
     fn add_fp16(body: &[u8], acc: &mut [f32]) {
-        let mut bits = [0u16; BLOCK];
-        let mut vals = [0f32; BLOCK];
-        for (src, a) in body.chunks(BLOCK * 2).zip(acc.chunks_mut(BLOCK)) {
-            let n = a.len();
-            bytemuck::cast_slice_mut::<u16, u8>(&mut bits[..n]).copy_from_slice(src);
-            let h: &[f16] = half::slice::HalfBitsSliceExt::reinterpret_cast(&bits[..n]);
-            h.convert_to_f32_slice(&mut vals[..n]);
-            for (a, v) in a.iter_mut().zip(&vals[..n]) {
-                *a += v;
-            }
+        for (a, c) in acc.iter_mut().zip(body.chunks_exact(2)) {
+            *a += f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
         }
     }
 }
@@ -66,6 +74,19 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_to_f32_is_exact_for_every_pattern() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{h:#x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{h:#x}");
+            }
+        }
+    }
 
     #[test]
     fn round_trip_within_half_ulp() {
