@@ -314,11 +314,6 @@ impl Codec for Adaptive {
         self.rng.set_step(progress.step);
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
-        self.select(grad, out);
-        true
-    }
-
     fn save_state(&self) -> Vec<u8> {
         let mut w = StateWriter::new(CodecId::Adaptive);
         self.rng.save(&mut w);
@@ -424,7 +419,7 @@ mod tests {
         let g = vec![1.0f32; n];
         let mut c = codec("adaptive:pi=0.05,column=1000,max_excess=1", vec![]);
         let mut s = SparseGrad::default();
-        c.encode_sparse(&g, &mut s);
+        c.select(&g, &mut s);
         assert_eq!(c.cols.len(), 10);
         assert_eq!(s.indices.len(), 10 * 50);
         assert!(s.values.iter().all(|&v| v == 1.0));

@@ -219,8 +219,9 @@ impl CodecConfig {
             "threshold:tau=0.01",
             "randomk",
             "randomk:ratio=0.05,scale=false",
-            "dgc",
-            "dgc:ratio=0.01,nesterov=true,clip=5,warmup_epochs=0,min_dense=16",
+            // Dyadic momenta keep sums exact in any order (the collectives compare bitwise).
+            "dgc:momentum=0.5",
+            "dgc:ratio=0.01,momentum=0.75,nesterov=true,warmup_epochs=0,min_dense=16",
             "adaptive",
             "adaptive:pi=0.05,column=64,max_excess=1.5",
         ]

@@ -35,7 +35,7 @@
 //! exact length before touching the accumulator, so a bad payload leaves it unchanged.
 
 use half::f16;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::{CodecId, DecodeError, Header, HEADER_LEN};
@@ -169,13 +169,13 @@ pub(crate) fn scan_add_into(g: &[f32], r: &mut [f32], thr: u32, cand: &mut Vec<u
     push_hits(rr, base, thr, cand);
 }
 
-/// A deterministic RNG for one encode step of one rank.
-pub(crate) fn step_rng(seed: u64, stream: u64, step: u64) -> ChaCha8Rng {
+/// A 64-bit key mixing `seed`, `stream` and `step` (for streams shared by all ranks).
+pub(crate) fn step_key(seed: u64, stream: u64, step: u64) -> u64 {
     let mut z = seed ^ 0x9e37_79b9_7f4a_7c15;
     for w in [stream, step] {
         z = splitmix(z ^ w);
     }
-    ChaCha8Rng::seed_from_u64(z)
+    z
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -230,7 +230,7 @@ impl ThresholdEstimate {
         self.keys.clear();
         self.thr = 0;
         self.upper = 0;
-        if n <= SMALL_N || k >= n / 4 {
+        if n <= SMALL_N || k > n / 2 {
             return 0;
         }
         let p = k as f64 / n as f64;
@@ -631,6 +631,7 @@ pub(crate) fn decode_sparse_add(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
 
     fn lcg(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
@@ -668,7 +669,7 @@ mod tests {
             exact_topk(&x, k, &mut scratch, &mut got);
             assert_eq!(got, want, "exact n={n} k={k}");
             let mut est = ThresholdEstimate::default();
-            let mut rng = step_rng(1, 0, 0);
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
             let thr = est.first(n, k, &mut rng, |i| x[i]);
             let mut cand = Vec::new();
             scan_above(&x, thr, &mut cand);
@@ -687,7 +688,7 @@ mod tests {
         }
         let k = 500;
         let mut est = ThresholdEstimate::default();
-        let mut rng = step_rng(3, 0, 0);
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
         let thr = est.first(n, k, &mut rng, |i| x[i]);
         let mut cand = Vec::new();
         scan_above(&x, thr, &mut cand);
