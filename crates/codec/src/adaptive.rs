@@ -23,7 +23,8 @@
 //!         order; flat indices strictly increasing over the payload, < n. u32 words when
 //!         n <= 2^31, u64 words for larger tensors
 //! ```
-//! Size: `16 + 16 * ncols + 4 * sent` bytes.
+//! Size: `16 + 16 * ncols + 4 * sent` bytes. The encoder selects with u32 indices, so it
+//! takes at most `u32::MAX` elements; the decoder reads both word widths.
 
 use std::fmt;
 use std::ops::Range;

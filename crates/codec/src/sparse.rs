@@ -810,6 +810,49 @@ mod tests {
         assert!(acc.iter().all(|&v| v == 0.0));
     }
 
+    /// Every sparse codec's decoder survives mutated, truncated and extended payloads
+    /// (a light, deterministic stand-in for the fuzz targets).
+    #[test]
+    fn decoders_survive_mutations() {
+        use crate::{BuildContext, CodecConfig};
+        use rand::Rng;
+        let n = 3000;
+        let g = lcg(n, 42);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for spec in [
+            "topk:ratio=0.01",
+            "topk:ratio=0.02,values=fp16",
+            "dgc:ratio=0.01,min_dense=100",
+            "randomk:ratio=0.01",
+            "threshold:tau=0.5",
+            "adaptive:pi=0.01,column=500",
+        ] {
+            let cfg: CodecConfig = spec.parse().unwrap();
+            let mut c = cfg.build(&BuildContext::single(3));
+            let mut p = Vec::new();
+            c.encode(&g, &mut p);
+            let mut acc = vec![0.0f32; n];
+            c.decode_add(&p, &mut acc).unwrap();
+            for t in 0..3000 {
+                let mut q = p.clone();
+                match t % 4 {
+                    0 => {
+                        let i = rng.gen_range(HEADER_LEN..q.len());
+                        q[i] ^= 1 << rng.gen_range(0..8);
+                    }
+                    1 => {
+                        let i = rng.gen_range(HEADER_LEN..q.len());
+                        q[i] = rng.gen();
+                    }
+                    2 => q.truncate(rng.gen_range(0..q.len())),
+                    _ => q.extend((0..rng.gen_range(1..9)).map(|_| rng.gen::<u8>())),
+                }
+                let mut acc = vec![0.0f32; n];
+                let _ = c.decode_add(&q, &mut acc);
+            }
+        }
+    }
+
     #[test]
     fn k_for_is_exact_on_round_products() {
         assert_eq!(k_for(0.01, 100), 1);

@@ -17,7 +17,8 @@
 //! 24..    count words, (index << 1) | sign (sign 1 = -tau), indices strictly increasing, < n:
 //!           u32 words when n <= 2^31, u64 words when the tensor has more elements
 //! ```
-//! Size: `24 + 4 * count` bytes (`8 * count` above 2^31 elements).
+//! Size: `24 + 4 * count` bytes (`8 * count` above 2^31 elements). The encoder selects with
+//! u32 indices, so it takes at most `u32::MAX` elements; the decoder reads both word widths.
 
 use std::fmt;
 
