@@ -22,6 +22,8 @@
 //!    (`e = floor(epoch)` from [`Codec::set_progress`]) and `ratio` after: with the defaults
 //!    (ratio 0.001, 4 epochs) sparsity 75%, 93.75%, 98.4375%, 99.6%, then 99.9%, as in the
 //!    paper.
+//!    The trainer must call `set_progress` with the epoch: without it the codec stays at the
+//!    first warm-up ratio (25%); `warmup_epochs=0` disables the warm-up.
 //!
 //! Wire layout: the shared sparse payload (as top-k), little-endian:
 //! ```text
