@@ -8,6 +8,9 @@ mod bench;
 mod bench_allreduce;
 mod check;
 mod launch;
+mod plot;
+mod records;
+mod report_render;
 mod size;
 mod world;
 

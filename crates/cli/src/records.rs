@@ -1,0 +1,266 @@
+//! Per-epoch training records: what `gradwire train` writes (JSON lines) and `report` reads.
+#![allow(
+    dead_code,
+    reason = "the train and report subcommands that call this are being wired in"
+)]
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// One epoch of one run; the key names are read by other tools, so keep them stable.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct EpochRecord {
+    /// Epoch number, starting at 1.
+    pub epoch: usize,
+    /// Mean training loss over the epoch.
+    pub train_loss: f64,
+    /// Test accuracy as a fraction in [0, 1] (classifiers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f64>,
+    /// Validation perplexity (language models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_perplexity: Option<f64>,
+    /// Wall-clock seconds of the epoch.
+    pub wall_s: f64,
+    /// Seconds spent in forward/backward/optimizer.
+    pub compute_s: f64,
+    /// Seconds spent waiting on gradient communication.
+    pub comm_s: f64,
+    /// Bytes sent by one worker during this epoch.
+    pub bytes_sent: u64,
+    /// Dense gradient bytes divided by bytes actually sent.
+    pub compression_ratio: f64,
+}
+
+/// Which quality metric a run reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// Test accuracy (higher is better), stored as a fraction.
+    Accuracy,
+    /// Validation perplexity (lower is better).
+    Perplexity,
+}
+
+impl Metric {
+    /// Human name with unit, for table headers and axis labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            Metric::Accuracy => "test accuracy (%)",
+            Metric::Perplexity => "val perplexity",
+        }
+    }
+
+    /// The metric of an epoch in display units (accuracy in percent), if recorded.
+    pub fn of(self, e: &EpochRecord) -> Option<f64> {
+        match self {
+            Metric::Accuracy => e.test_accuracy.map(|a| a * 100.0),
+            Metric::Perplexity => e.val_perplexity,
+        }
+    }
+}
+
+/// The metric a set of runs is compared on: accuracy if any run recorded it, else perplexity.
+pub fn common_metric(runs: &[RunRecord]) -> Metric {
+    if runs.iter().all(|r| r.metric() == Metric::Perplexity) && !runs.is_empty() {
+        Metric::Perplexity
+    } else {
+        Metric::Accuracy
+    }
+}
+
+/// A whole run: its setup and every epoch, in order.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RunRecord {
+    /// Codec spec as given on the command line (`dense`, `topk:0.01`, ...).
+    pub codec: String,
+    /// Model name.
+    pub model: String,
+    /// Data set name.
+    pub dataset: String,
+    /// Number of workers (world size).
+    pub workers: usize,
+    /// Optimizer steps per epoch.
+    pub steps_per_epoch: usize,
+    /// Per-epoch records, in epoch order.
+    pub epochs: Vec<EpochRecord>,
+}
+
+impl RunRecord {
+    /// Perplexity if the run recorded perplexity and no accuracy, else accuracy.
+    pub fn metric(&self) -> Metric {
+        let acc = self.epochs.iter().any(|e| e.test_accuracy.is_some());
+        let ppl = self.epochs.iter().any(|e| e.val_perplexity.is_some());
+        if ppl && !acc {
+            Metric::Perplexity
+        } else {
+            Metric::Accuracy
+        }
+    }
+
+    /// The last recorded value of `metric`, in display units.
+    pub fn final_metric(&self, metric: Metric) -> Option<f64> {
+        self.epochs.iter().rev().find_map(|e| metric.of(e))
+    }
+
+    /// Bytes sent per worker up to and including each epoch.
+    pub fn cumulative_bytes(&self) -> Vec<u64> {
+        self.epochs
+            .iter()
+            .scan(0u64, |sum, e| {
+                *sum += e.bytes_sent;
+                Some(*sum)
+            })
+            .collect()
+    }
+
+    /// Total bytes sent per worker over the run.
+    pub fn total_bytes(&self) -> u64 {
+        self.epochs.iter().map(|e| e.bytes_sent).sum()
+    }
+
+    /// Mean bytes sent per optimizer step per worker (0 for an empty run).
+    pub fn bytes_per_step(&self) -> f64 {
+        let steps = self.steps_per_epoch * self.epochs.len();
+        if steps == 0 {
+            0.0
+        } else {
+            self.total_bytes() as f64 / steps as f64
+        }
+    }
+
+    /// Mean compression ratio over the epochs (1 for an empty run).
+    pub fn compression_ratio(&self) -> f64 {
+        if self.epochs.is_empty() {
+            1.0
+        } else {
+            self.epochs.iter().map(|e| e.compression_ratio).sum::<f64>() / self.epochs.len() as f64
+        }
+    }
+
+    /// Total wall-clock seconds over all epochs.
+    pub fn total_wall_s(&self) -> f64 {
+        self.epochs.iter().map(|e| e.wall_s).sum()
+    }
+
+    /// Total communication seconds over all epochs.
+    pub fn total_comm_s(&self) -> f64 {
+        self.epochs.iter().map(|e| e.comm_s).sum()
+    }
+}
+
+/// Appends one record as a JSON line to `path`, creating the file if needed.
+pub fn append_jsonl(path: &Path, record: &EpochRecord) -> Result<()> {
+    let mut line = serde_json::to_string(record).context("serializing an epoch record")?;
+    line.push('\n');
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {} for appending", path.display()))?;
+    f.write_all(line.as_bytes())
+        .with_context(|| format!("writing to {}", path.display()))
+}
+
+/// Reads every record of a JSON-lines file, skipping blank lines; errors name file and line.
+pub fn read_jsonl(path: &Path) -> Result<Vec<EpochRecord>> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(f).lines().enumerate() {
+        let n = i + 1;
+        let line = line.with_context(|| format!("reading {} line {n}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {n}: not a valid epoch record", path.display()))?;
+        out.push(rec);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A small hand-built run shared by the plot and report tests.
+    pub(crate) fn sample_run(codec: &str, acc: &[f64], bytes: u64) -> RunRecord {
+        let epochs = acc
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| EpochRecord {
+                epoch: i + 1,
+                train_loss: 2.0 / (i + 1) as f64,
+                test_accuracy: Some(a),
+                val_perplexity: None,
+                wall_s: 10.0,
+                compute_s: 7.0,
+                comm_s: 3.0,
+                bytes_sent: bytes,
+                compression_ratio: 4_000_000.0 / bytes as f64,
+            })
+            .collect();
+        RunRecord {
+            codec: codec.into(),
+            model: "mlp".into(),
+            dataset: "fashion-mnist".into(),
+            workers: 4,
+            steps_per_epoch: 100,
+            epochs,
+        }
+    }
+
+    /// A fresh, empty scratch directory under the system temp dir.
+    pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("gradwire-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn jsonl_round_trip() {
+        let dir = scratch_dir("jsonl");
+        let path = dir.join("run.jsonl");
+        let run = sample_run("topk:0.01", &[0.5, 0.7], 1000);
+        let mut e = run.epochs.clone();
+        e[1].test_accuracy = None;
+        e[1].val_perplexity = Some(12.5);
+        for r in &e {
+            append_jsonl(&path, r).unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.lines().nth(1).unwrap().contains("test_accuracy"));
+        assert_eq!(read_jsonl(&path).unwrap(), e);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn malformed_line_names_file_and_line() {
+        let dir = scratch_dir("jsonl-bad");
+        let path = dir.join("bad.jsonl");
+        let good = serde_json::to_string(&sample_run("dense", &[0.5], 1).epochs[0]).unwrap();
+        std::fs::write(
+            &path,
+            format!("{good}\n\n{{\"epoch\": 2, \"train_loss\": \n"),
+        )
+        .unwrap();
+        let err = format!("{:#}", read_jsonl(&path).unwrap_err());
+        assert!(err.contains("bad.jsonl line 3"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn helpers() {
+        let run = sample_run("dense", &[0.5, 0.9], 400);
+        assert_eq!(run.cumulative_bytes(), vec![400, 800]);
+        assert_eq!(run.bytes_per_step(), 4.0);
+        assert_eq!(run.total_wall_s(), 20.0);
+        assert_eq!(run.total_comm_s(), 6.0);
+        assert_eq!(run.metric(), Metric::Accuracy);
+        assert_eq!(run.final_metric(Metric::Accuracy), Some(90.0));
+    }
+}
