@@ -1,0 +1,121 @@
+//! Measures step times and runs a short real training run.
+//!
+//! `cargo run -p gradwire-train --example measure -- steptime [threads]`
+//! `cargo run -p gradwire-train --example measure -- run MODEL EPOCHS [STEPS] [OPTIMIZER]`
+
+use std::time::Instant;
+
+use gradwire_train::data::{default_data_dir, DatasetKind};
+use gradwire_train::{DenseSync, ModelKind, OptimizerConfig, TrainConfig, Trainer};
+use gradwire_transport::local::Local;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("run") => run(&args[1..]),
+        _ => steptime(args.get(1).map_or(Ok(1), |s| s.parse())?),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn steptime(threads: usize) -> Result<(), Box<dyn std::error::Error>> {
+    gradwire_train::init_threads(threads);
+    println!("threads: {}", gradwire_train::num_threads());
+    let fm = DatasetKind::FashionMnist.load(&default_data_dir(), 64)?;
+    let sh = DatasetKind::Shakespeare.load(&default_data_dir(), 64)?;
+    println!(
+        "fashion-mnist: {} train; 4 workers x batch 64 -> {} steps/epoch",
+        fm.train.len(),
+        fm.train.len() / 4 / 64
+    );
+    for kind in ModelKind::ALL {
+        let data = if kind.is_language_model() { &sh } else { &fm };
+        let bs = if kind.is_language_model() { 32 } else { 64 };
+        let mut model = kind.build(data.shape(), 1)?;
+        let mut opt = OptimizerConfig::sgd(0.01, 0.9).build(model.num_params(), None)?;
+        let (mut params, mut grads) = (vec![], vec![]);
+        model.params(&mut params);
+        let (warm, n) = if kind.is_language_model() {
+            (2, 10)
+        } else {
+            (5, 40)
+        };
+        let mut fb = vec![];
+        let mut total = vec![];
+        for s in 0..warm + n {
+            let idx: Vec<usize> = (s * bs..(s + 1) * bs).collect();
+            let batch = data.train.batch(&idx);
+            let t0 = Instant::now();
+            model.forward_backward(&batch, &mut grads)?;
+            let t1 = Instant::now();
+            opt.step(&mut params, &grads)?;
+            model.set_params(&params);
+            if s >= warm {
+                fb.push(t1.duration_since(t0).as_secs_f64() * 1e3);
+                total.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        println!(
+            "{kind:>6}: {:>8} params, batch {bs}: forward+backward {:.2} ms, full step {:.2} ms (median of {n})",
+            model.num_params(),
+            median(fb),
+            median(total)
+        );
+    }
+    Ok(())
+}
+
+fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    gradwire_train::init_threads(1);
+    let kind: ModelKind = args.first().map_or("lenet", String::as_str).parse()?;
+    let epochs: usize = args.get(1).map_or(Ok(1), |s| s.parse())?;
+    let max_steps: Option<usize> = args.get(2).map(|s| s.parse()).transpose()?;
+    let opt: OptimizerConfig = args
+        .get(3)
+        .map_or("sgd:lr=0.05,momentum=0.9", String::as_str)
+        .parse()?;
+    let dk = if kind.is_language_model() {
+        DatasetKind::Shakespeare
+    } else {
+        DatasetKind::FashionMnist
+    };
+    let data = dk.load(&default_data_dir(), 64)?;
+    let config = TrainConfig {
+        batch_size: if kind.is_language_model() { 32 } else { 64 },
+        epochs,
+        seed: 1,
+        optimizer: opt,
+        max_steps_per_epoch: max_steps,
+        eval_limit: if kind.is_language_model() {
+            Some(2000)
+        } else {
+            None
+        },
+        ..TrainConfig::default()
+    };
+    let model = kind.build(data.shape(), 1)?;
+    let sync = DenseSync::new(Local::world(1).pop().expect("one rank"));
+    let mut tr = Trainer::new(model, sync, config, data.train.len())?;
+    println!(
+        "{kind} on {}: {} steps/epoch",
+        data.name,
+        tr.steps_per_epoch(data.train.len())
+    );
+    tr.fit(
+        &data,
+        &mut |s| {
+            if s.step % 200 == 0 {
+                println!(
+                    "epoch {} step {}/{} loss {:.4} lr {:.4}",
+                    s.epoch, s.step, s.steps, s.loss, s.lr
+                );
+            }
+        },
+        &mut |e| println!("{}", serde_json::to_string(e).expect("serializable")),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What can go wrong while loading data, building models or training.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A data file is absent: the data sets have not been fetched yet.
+    #[error("data file {path} not found: run `scripts/fetch-data.sh` to fetch the data sets")]
+    MissingData {
+        /// The file that was looked for.
+        path: PathBuf,
+    },
+    /// Reading a file failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file being read.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A CIFAR-10 file is absent (no registry carries CIFAR-10, so the script cannot fetch it).
+    #[error("CIFAR-10 file {path} not found: CIFAR-10 is not in any package registry; download the binary version (cifar-10-binary.tar.gz) yourself and point --data-dir at its cifar-10-batches-bin folder")]
+    MissingCifar {
+        /// The file that was looked for.
+        path: PathBuf,
+    },
+    /// A data file's content does not match its format.
+    #[error("malformed {format} file {path}: {what}")]
+    Malformed {
+        /// The format expected ("IDX", "CIFAR-10", "MNIST JSON", ...).
+        format: &'static str,
+        /// The offending file (or `<memory>`).
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// A batch of the wrong kind was given to a model (e.g. text to an image model).
+    #[error("model {model} cannot take a {batch} batch")]
+    BatchMismatch {
+        /// The model's name.
+        model: &'static str,
+        /// The batch kind given.
+        batch: &'static str,
+    },
+    /// A buffer's length does not match what it must hold.
+    #[error("{what}: expected {expected} elements, got {got}")]
+    LengthMismatch {
+        /// What the buffer is.
+        what: &'static str,
+        /// The length required.
+        expected: usize,
+        /// The length given.
+        got: usize,
+    },
+    /// A configuration value is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Saved optimizer state could not be restored.
+    #[error("cannot restore optimizer state: {0}")]
+    State(String),
+    /// The loss became NaN or infinite: training diverged (lower the learning rate).
+    #[error("training diverged at epoch {epoch} step {step}: loss {loss}")]
+    Diverged {
+        /// 0-based epoch.
+        epoch: u64,
+        /// 0-based step within the epoch.
+        step: usize,
+        /// The non-finite loss.
+        loss: f32,
+    },
+    /// A collective operation failed.
+    #[error("collective: {0}")]
+    Collective(#[from] gradwire_collective::Error),
+}

@@ -1,0 +1,64 @@
+//! Multi-layer perceptron: flatten -> 256 -> ReLU -> 128 -> ReLU -> classes.
+
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::relu;
+
+use super::init::ParamInit;
+use super::net::{int_tensor, mismatch, Net};
+use super::ModelKind;
+use crate::data::Batch;
+use crate::error::Result;
+
+/// The MLP 784-256-128-10 (input size follows the image shape).
+#[derive(Module, Debug)]
+pub(crate) struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+    fc3: Linear,
+}
+
+fn linear(d_in: usize, d_out: usize, device: &Device) -> Linear {
+    LinearConfig::new(d_in, d_out)
+        .with_initializer(Initializer::Zeros)
+        .init(device)
+}
+
+impl Mlp {
+    /// An MLP for `inputs` features and `classes` outputs (parameters set later).
+    pub(crate) fn new(inputs: usize, classes: usize, device: &Device) -> Self {
+        Mlp {
+            fc1: linear(inputs, 256, device),
+            fc2: linear(256, 128, device),
+            fc3: linear(128, classes, device),
+        }
+    }
+}
+
+impl Net for Mlp {
+    fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)> {
+        let Batch::Images(b) = batch else {
+            return Err(mismatch(ModelKind::Mlp, batch));
+        };
+        let n = b.labels.len();
+        let d = b.shape.iter().product::<usize>();
+        let x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, d]), device);
+        let x = relu(self.fc1.forward(x));
+        let x = relu(self.fc2.forward(x));
+        let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
+        Ok((self.fc3.forward(x), int_tensor(&y, [n], device)))
+    }
+
+    fn init_plan(&self) -> Vec<ParamInit> {
+        let fan = |l: &Linear| l.weight.lazy_shape()[0];
+        let (a, b, c) = (fan(&self.fc1), fan(&self.fc2), fan(&self.fc3));
+        vec![
+            ParamInit::he(a),
+            ParamInit::fan_in(a),
+            ParamInit::he(b),
+            ParamInit::fan_in(b),
+            ParamInit::fan_in(c),
+            ParamInit::fan_in(c),
+        ]
+    }
+}

@@ -1,0 +1,135 @@
+//! The bridge from a burn network to the framework-free [`Model`] trait: any network that
+//! turns a batch into logits and targets becomes a [`Model`] with cross-entropy loss, flat
+//! parameters and flat gradients.
+
+use burn::module::Module;
+use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
+
+use super::flat;
+use super::init::{init_flat, ParamInit};
+use super::{Eval, Model, ModelKind};
+use crate::data::Batch;
+use crate::error::{Error, Result};
+
+/// A burn network classifying each sample (or each token) into one of `C` outputs.
+pub(crate) trait Net: Module + 'static {
+    /// Logits `[N, C]` and integer targets `[N]` for `batch`, built on `device`.
+    fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)>;
+
+    /// One initialization rule per parameter tensor, in visitor order.
+    fn init_plan(&self) -> Vec<ParamInit>;
+}
+
+/// A [`Net`] on the flex CPU backend with autodiff, behind the [`Model`] trait.
+pub(crate) struct BurnModel<N: Net> {
+    net: Option<N>,
+    kind: ModelKind,
+    layout: Vec<usize>,
+    /// The autodiff device the parameters live on.
+    device: Device,
+}
+
+impl<N: Net> BurnModel<N> {
+    /// Wraps `net` (built on `device`) and sets its parameters from `seed`.
+    pub(crate) fn new(net: N, kind: ModelKind, device: Device, seed: u64) -> Self {
+        let layout = flat::layout(&net);
+        let init = init_flat(&layout, &net.init_plan(), seed);
+        let mut m = BurnModel {
+            net: Some(net),
+            kind,
+            layout,
+            device,
+        };
+        m.set_params(&init);
+        m
+    }
+
+    fn net(&self) -> &N {
+        self.net
+            .as_ref()
+            .expect("net is only taken inside set_params")
+    }
+}
+
+/// Mean cross-entropy of `logits` `[N, C]` against `targets` `[N]`, as a one-element tensor.
+fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let picked = log_softmax(logits, 1).gather(1, targets.unsqueeze_dim(1));
+    picked.mean().neg()
+}
+
+/// Converts targets to an integer tensor on `device`.
+pub(crate) fn int_tensor<const D: usize>(
+    ids: &[i64],
+    shape: [usize; D],
+    device: &Device,
+) -> Tensor<D, Int> {
+    Tensor::<D, Int>::from_data(TensorData::new(ids.to_vec(), shape), device)
+}
+
+/// Checks that a batch is of the kind a model takes.
+pub(crate) fn mismatch(kind: ModelKind, batch: &Batch) -> Error {
+    Error::BatchMismatch {
+        model: kind.name(),
+        batch: batch.kind(),
+    }
+}
+
+impl<N: Net> Model for BurnModel<N> {
+    fn kind(&self) -> ModelKind {
+        self.kind
+    }
+
+    fn num_params(&self) -> usize {
+        self.layout.iter().sum()
+    }
+
+    fn layout(&self) -> Vec<usize> {
+        self.layout.clone()
+    }
+
+    fn params(&self, out: &mut Vec<f32>) {
+        out.clear();
+        out.reserve(self.num_params());
+        flat::read_params(self.net(), out);
+    }
+
+    fn set_params(&mut self, flat: &[f32]) {
+        assert_eq!(
+            flat.len(),
+            self.num_params(),
+            "flat parameter buffer length"
+        );
+        let net = self.net.take().expect("net present");
+        self.net = Some(flat::write_params(net, flat, &self.device));
+    }
+
+    fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {
+        let net = self.net();
+        let (logits, targets) = net.logits(batch, &self.device)?;
+        let loss = cross_entropy(logits, targets);
+        let value = loss.clone().into_scalar::<f32>();
+        let mut g = loss.backward();
+        flat::take_grads(net, &mut g, grads);
+        Ok(value)
+    }
+
+    fn evaluate(&self, batch: &Batch) -> Result<Eval> {
+        let inner = self.device.clone().inner();
+        let net = self.net().valid();
+        let (logits, targets) = net.logits(batch, &inner)?;
+        let n = targets.dims()[0];
+        let logp = log_softmax(logits, 1);
+        let pred = logp.clone().argmax(1).squeeze_dim::<1>(1);
+        let correct = pred.equal(targets.clone()).int().sum().into_scalar::<i64>();
+        let loss_sum = -logp
+            .gather(1, targets.unsqueeze_dim(1))
+            .sum()
+            .into_scalar::<f64>();
+        Ok(Eval {
+            loss_sum,
+            correct: correct as u64,
+            n: n as u64,
+        })
+    }
+}

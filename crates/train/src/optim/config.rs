@@ -1,0 +1,380 @@
+//! [`OptimizerConfig`]: plain, serializable settings, parsed from a spec string such as
+//! `sgd:lr=0.05,momentum=0.9,nesterov,wd=5e-4,warmup=200,decay=cosine` or
+//! `adam:lr=1e-3,clip=5`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The update rule.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// SGD with optional momentum (`buf = momentum * buf + (1 - dampening) * g`, the first
+    /// step taking `buf = g`) and optional Nesterov look-ahead; PyTorch's semantics.
+    Sgd {
+        /// Momentum factor; 0 gives plain SGD (what DGC, which owns momentum, needs).
+        momentum: f64,
+        /// Dampening of the momentum update (PyTorch's default 0).
+        dampening: f64,
+        /// Nesterov momentum (needs momentum > 0 and dampening 0).
+        nesterov: bool,
+    },
+    /// Adam (Kingma and Ba) with PyTorch's bias correction; `decoupled` gives AdamW.
+    Adam {
+        /// First-moment decay.
+        beta1: f64,
+        /// Second-moment decay.
+        beta2: f64,
+        /// Denominator epsilon.
+        eps: f64,
+        /// Decoupled weight decay (AdamW) instead of L2 added to the gradient.
+        decoupled: bool,
+    },
+}
+
+/// How the learning rate decays after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum LrDecay {
+    /// Constant after warm-up.
+    Constant,
+    /// Multiplied by `gamma` every `every` steps after warm-up.
+    Step {
+        /// Steps between decays.
+        every: u64,
+        /// Factor per decay.
+        gamma: f64,
+    },
+    /// Cosine from the base rate down to `min_lr` at the end of the run.
+    Cosine {
+        /// Run length in steps; `None` takes the trainer's run length.
+        total_steps: Option<u64>,
+        /// Final learning rate.
+        min_lr: f64,
+    },
+}
+
+/// Optimizer settings; [`OptimizerConfig::build`] makes the runtime [`super::Optimizer`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerConfig {
+    /// The update rule.
+    pub kind: OptimizerKind,
+    /// Base learning rate.
+    pub lr: f64,
+    /// Weight decay (L2 for SGD and Adam, decoupled for AdamW).
+    pub weight_decay: f64,
+    /// Steps of linear warm-up from `lr / warmup_steps` to `lr`.
+    pub warmup_steps: u64,
+    /// Decay after warm-up.
+    pub decay: LrDecay,
+    /// Scale the gradient down to this global L2 norm when it is larger.
+    pub clip_norm: Option<f64>,
+}
+
+impl OptimizerConfig {
+    /// SGD with `momentum` (0 for plain SGD), no weight decay, constant rate.
+    pub fn sgd(lr: f64, momentum: f64) -> Self {
+        OptimizerConfig {
+            kind: OptimizerKind::Sgd {
+                momentum,
+                dampening: 0.0,
+                nesterov: false,
+            },
+            lr,
+            weight_decay: 0.0,
+            warmup_steps: 0,
+            decay: LrDecay::Constant,
+            clip_norm: None,
+        }
+    }
+
+    /// Adam with betas (0.9, 0.999), eps 1e-8, constant rate.
+    pub fn adam(lr: f64) -> Self {
+        OptimizerConfig {
+            kind: OptimizerKind::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                decoupled: false,
+            },
+            ..Self::sgd(lr, 0.0)
+        }
+    }
+
+    /// The same settings with momentum removed (for codecs such as DGC that own momentum).
+    pub fn without_momentum(mut self) -> Self {
+        if let OptimizerKind::Sgd {
+            momentum, nesterov, ..
+        } = &mut self.kind
+        {
+            *momentum = 0.0;
+            *nesterov = false;
+        }
+        self
+    }
+
+    /// Checks ranges and combinations (called by `FromStr` and `build`).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("learning rate {} must be positive", self.lr));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(format!("weight decay {} must be >= 0", self.weight_decay));
+        }
+        if let Some(c) = self.clip_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return bad(format!("clip norm {c} must be positive"));
+            }
+        }
+        match self.kind {
+            OptimizerKind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            } => {
+                if !(0.0..1.0).contains(&momentum) {
+                    return bad(format!("momentum {momentum} must be in [0, 1)"));
+                }
+                if !(0.0..=1.0).contains(&dampening) {
+                    return bad(format!("dampening {dampening} must be in [0, 1]"));
+                }
+                if nesterov && (momentum == 0.0 || dampening != 0.0) {
+                    return bad("nesterov needs momentum > 0 and dampening 0".into());
+                }
+            }
+            OptimizerKind::Adam {
+                beta1, beta2, eps, ..
+            } => {
+                if !(0.0..1.0).contains(&beta1) || !(0.0..1.0).contains(&beta2) {
+                    return bad(format!("betas ({beta1}, {beta2}) must be in [0, 1)"));
+                }
+                if !(eps.is_finite() && eps > 0.0) {
+                    return bad(format!("eps {eps} must be positive"));
+                }
+            }
+        }
+        match self.decay {
+            LrDecay::Step { every, gamma } if every == 0 || !(gamma > 0.0 && gamma <= 1.0) => bad(
+                format!("step decay needs every > 0 and gamma in (0, 1], got {every}, {gamma}"),
+            ),
+            LrDecay::Cosine { min_lr, .. } if !(min_lr >= 0.0 && min_lr <= self.lr) => {
+                bad(format!("cosine min_lr {min_lr} must be in [0, lr]"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl FromStr for OptimizerConfig {
+    type Err = Error;
+
+    /// `NAME[:key=value,...]` with NAME `sgd`, `nesterov`, `adam` or `adamw`; keys `lr`,
+    /// `momentum`, `dampening`, `nesterov[=bool]`, `wd`/`weight_decay`, `beta1`, `beta2`,
+    /// `eps`, `warmup`, `decay=constant|step|cosine`, `every`, `gamma`, `total`,
+    /// `min_lr`, `clip`.
+    fn from_str(s: &str) -> Result<Self> {
+        let (name, rest) = s.split_once(':').unwrap_or((s, ""));
+        let mut c = match name.trim().to_ascii_lowercase().as_str() {
+            "sgd" => Self::sgd(0.01, 0.0),
+            "nesterov" => {
+                let mut c = Self::sgd(0.01, 0.9);
+                c.kind = OptimizerKind::Sgd {
+                    momentum: 0.9,
+                    dampening: 0.0,
+                    nesterov: true,
+                };
+                c
+            }
+            "adam" => Self::adam(1e-3),
+            "adamw" => {
+                let mut c = Self::adam(1e-3);
+                c.weight_decay = 0.01;
+                if let OptimizerKind::Adam { decoupled, .. } = &mut c.kind {
+                    *decoupled = true;
+                }
+                c
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown optimizer {other:?} (expected sgd|nesterov|adam|adamw)"
+                )))
+            }
+        };
+        let (mut every, mut gamma, mut total, mut min_lr) = (None, None, None, None);
+        let mut decay = None;
+        for kv in rest.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, "true"));
+            let f = || -> Result<f64> {
+                v.parse::<f64>()
+                    .map_err(|_| Error::Config(format!("{k}={v}: not a number")))
+            };
+            let u = || -> Result<u64> {
+                v.parse::<u64>()
+                    .map_err(|_| Error::Config(format!("{k}={v}: not a whole number")))
+            };
+            let b = || -> Result<bool> {
+                match v {
+                    "true" | "1" | "yes" => Ok(true),
+                    "false" | "0" | "no" => Ok(false),
+                    _ => Err(Error::Config(format!("{k}={v}: not a boolean"))),
+                }
+            };
+            match (k, &mut c.kind) {
+                ("lr", _) => c.lr = f()?,
+                ("wd" | "weight_decay", _) => c.weight_decay = f()?,
+                ("warmup", _) => c.warmup_steps = u()?,
+                ("clip", _) => c.clip_norm = Some(f()?),
+                ("decay", _) => decay = Some(v.to_ascii_lowercase()),
+                ("every", _) => every = Some(u()?),
+                ("gamma", _) => gamma = Some(f()?),
+                ("total", _) => total = Some(u()?),
+                ("min_lr", _) => min_lr = Some(f()?),
+                ("momentum", OptimizerKind::Sgd { momentum, .. }) => *momentum = f()?,
+                ("dampening", OptimizerKind::Sgd { dampening, .. }) => *dampening = f()?,
+                ("nesterov", OptimizerKind::Sgd { nesterov, .. }) => *nesterov = b()?,
+                ("beta1", OptimizerKind::Adam { beta1, .. }) => *beta1 = f()?,
+                ("beta2", OptimizerKind::Adam { beta2, .. }) => *beta2 = f()?,
+                ("eps", OptimizerKind::Adam { eps, .. }) => *eps = f()?,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "optimizer {name}: unknown key {k:?}"
+                    )))
+                }
+            }
+        }
+        c.decay = match decay.as_deref() {
+            None if every.is_some() => LrDecay::Step {
+                every: every.unwrap_or(1),
+                gamma: gamma.unwrap_or(0.1),
+            },
+            None | Some("constant" | "none") => LrDecay::Constant,
+            Some("step") => LrDecay::Step {
+                every: every.ok_or_else(|| Error::Config("decay=step needs every=N".into()))?,
+                gamma: gamma.unwrap_or(0.1),
+            },
+            Some("cosine" | "cos") => LrDecay::Cosine {
+                total_steps: total,
+                min_lr: min_lr.unwrap_or(0.0),
+            },
+            Some(d) => {
+                return Err(Error::Config(format!(
+                    "unknown decay {d:?} (expected constant|step|cosine)"
+                )))
+            }
+        };
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+impl fmt::Display for OptimizerConfig {
+    /// The spec string `FromStr` parses back to the same config.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            OptimizerKind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            } => {
+                write!(f, "sgd:lr={},momentum={momentum}", self.lr)?;
+                if dampening != 0.0 {
+                    write!(f, ",dampening={dampening}")?;
+                }
+                if nesterov {
+                    write!(f, ",nesterov")?;
+                }
+            }
+            OptimizerKind::Adam {
+                beta1,
+                beta2,
+                eps,
+                decoupled,
+            } => write!(
+                f,
+                "{}:lr={},beta1={beta1},beta2={beta2},eps={eps}",
+                if decoupled { "adamw" } else { "adam" },
+                self.lr
+            )?,
+        }
+        write!(f, ",wd={}", self.weight_decay)?;
+        if self.warmup_steps > 0 {
+            write!(f, ",warmup={}", self.warmup_steps)?;
+        }
+        match self.decay {
+            LrDecay::Constant => {}
+            LrDecay::Step { every, gamma } => write!(f, ",decay=step,every={every},gamma={gamma}")?,
+            LrDecay::Cosine {
+                total_steps,
+                min_lr,
+            } => {
+                write!(f, ",decay=cosine,min_lr={min_lr}")?;
+                if let Some(t) = total_steps {
+                    write!(f, ",total={t}")?;
+                }
+            }
+        }
+        if let Some(c) = self.clip_norm {
+            write!(f, ",clip={c}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_specs_and_round_trips() {
+        let specs = [
+            "sgd",
+            "sgd:lr=0.1,momentum=0.9",
+            "nesterov:lr=0.05,wd=5e-4,warmup=100,decay=cosine",
+            "sgd:lr=0.1,momentum=0.9,nesterov,decay=step,every=1000,gamma=0.5,clip=5",
+            "adam:lr=3e-4,beta2=0.98,decay=cosine,total=5000,min_lr=1e-5",
+            "adamw:lr=1e-3,wd=0.1",
+        ];
+        for s in specs {
+            let c: OptimizerConfig = s.parse().unwrap();
+            let back: OptimizerConfig = c.to_string().parse().unwrap();
+            assert_eq!(c, back, "{s} -> {c}");
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(c, serde_json::from_str::<OptimizerConfig>(&json).unwrap());
+        }
+        let c: OptimizerConfig = "nesterov:lr=0.05".parse().unwrap();
+        assert!(
+            matches!(c.kind, OptimizerKind::Sgd { nesterov: true, momentum, .. } if momentum == 0.9)
+        );
+        let plain = c.without_momentum();
+        assert!(
+            matches!(plain.kind, OptimizerKind::Sgd { nesterov: false, momentum, .. } if momentum == 0.0)
+        );
+    }
+
+    #[test]
+    fn rejects_bad_specs() {
+        for s in [
+            "rmsprop",
+            "sgd:lr=-1",
+            "sgd:lr=abc",
+            "sgd:momentum=1.5",
+            "sgd:nesterov",
+            "adam:momentum=0.9",
+            "sgd:decay=step",
+            "sgd:decay=linear",
+            "sgd:bogus=1",
+            "adam:beta1=1",
+            "sgd:clip=0",
+        ] {
+            assert!(
+                s.parse::<OptimizerConfig>().is_err(),
+                "{s} should be rejected"
+            );
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The data-parallel training loop, free of any CLI: per step, this rank's shard batch ->
+//! forward/backward -> [`GradientSync::sync`] -> optimizer step on the flat parameters ->
+//! parameters back into the model; per epoch, an evaluation on the held-out split.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::{shard_indices, shard_len, Dataset, Split};
+use crate::error::{Error, Result};
+use crate::model::{Eval, Model};
+use crate::optim::{Optimizer, OptimizerConfig};
+use crate::sync::{GradientSync, SyncStats};
+
+/// Which ranks evaluate the held-out split at the end of each epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalMode {
+    /// Rank 0 only (parameters are identical on every rank); the others report `None`.
+    #[default]
+    Rank0,
+    /// Every rank.
+    All,
+    /// No evaluation.
+    Off,
+}
+
+/// Settings of a training run (the same on every rank).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Samples per step on each rank (the global batch is `world_size` times this).
+    pub batch_size: usize,
+    /// Epochs to run.
+    pub epochs: usize,
+    /// Seed of the parameter initialization and the per-epoch shuffles.
+    pub seed: u64,
+    /// The optimizer.
+    pub optimizer: OptimizerConfig,
+    /// Cap on steps per epoch (for short runs); `None` runs the whole shard.
+    pub max_steps_per_epoch: Option<usize>,
+    /// Which ranks evaluate.
+    pub eval: EvalMode,
+    /// Samples per evaluation batch.
+    pub eval_batch_size: usize,
+    /// Cap on held-out samples evaluated; `None` evaluates the whole split.
+    pub eval_limit: Option<usize>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            batch_size: 64,
+            epochs: 1,
+            seed: 0,
+            optimizer: OptimizerConfig::sgd(0.05, 0.9),
+            max_steps_per_epoch: None,
+            eval: EvalMode::Rank0,
+            eval_batch_size: 500,
+            eval_limit: None,
+        }
+    }
+}
+
+/// What one epoch did (the keys the CLI and the reports read).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// 0-based epoch number.
+    pub epoch: u64,
+    /// Mean training loss over the epoch's steps, averaged over ranks when the sync can.
+    pub train_loss: f64,
+    /// Top-1 accuracy on the held-out split (next-character accuracy for a language model);
+    /// `None` on ranks that did not evaluate.
+    pub test_accuracy: Option<f64>,
+    /// Perplexity on the validation text (language models only).
+    pub val_perplexity: Option<f64>,
+    /// Wall-clock seconds of the epoch, evaluation included.
+    pub wall_s: f64,
+    /// Seconds in forward/backward, the optimizer and the parameter write-back.
+    pub compute_s: f64,
+    /// Seconds in gradient synchronization.
+    pub comm_s: f64,
+    /// Bytes this rank sent while synchronizing.
+    pub bytes_sent: u64,
+    /// Uncompressed gradient bytes over encoded bytes (1 for dense).
+    pub compression_ratio: f64,
+}
+
+/// What the per-step hook sees (for progress bars and logs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepInfo {
+    /// 0-based epoch.
+    pub epoch: u64,
+    /// 0-based step within the epoch.
+    pub step: usize,
+    /// Steps in this epoch.
+    pub steps: usize,
+    /// Steps taken since the start of the run, this one included.
+    pub global_step: u64,
+    /// This rank's mean loss on the step's batch.
+    pub loss: f32,
+    /// Learning rate used.
+    pub lr: f64,
+    /// The step's synchronization costs.
+    pub sync: SyncStats,
+}
+
+/// Drives one rank of a data-parallel run.
+pub struct Trainer<S: GradientSync> {
+    model: Box<dyn Model>,
+    sync: S,
+    optimizer: Optimizer,
+    config: TrainConfig,
+    params: Vec<f32>,
+    grads: Vec<f32>,
+    epoch: u64,
+    global_step: u64,
+}
+
+impl<S: GradientSync> Trainer<S> {
+    /// Sets up a rank: broadcasts rank 0's parameters to all and builds the optimizer.
+    /// `train_len` (training samples) sizes the run for a cosine schedule.
+    pub fn new(
+        mut model: Box<dyn Model>,
+        mut sync: S,
+        config: TrainConfig,
+        train_len: usize,
+    ) -> Result<Self> {
+        if config.batch_size == 0 || config.eval_batch_size == 0 {
+            return Err(Error::Config("batch sizes must be positive".into()));
+        }
+        let mut params = Vec::new();
+        model.params(&mut params);
+        sync.broadcast_params(&mut params)?;
+        model.set_params(&params);
+        let steps = steps_per_epoch(train_len, sync.world_size(), &config);
+        let total = (steps * config.epochs) as u64;
+        let optimizer = config.optimizer.build(params.len(), Some(total))?;
+        Ok(Trainer {
+            grads: Vec::with_capacity(params.len()),
+            model,
+            sync,
+            optimizer,
+            config,
+            params,
+            epoch: 0,
+            global_step: 0,
+        })
+    }
+
+    /// The model (parameters current).
+    pub fn model(&self) -> &dyn Model {
+        &*self.model
+    }
+
+    /// The current flat parameters.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// The optimizer (state, current learning rate).
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    /// The optimizer, e.g. to restore its state.
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer {
+        &mut self.optimizer
+    }
+
+    /// The sync.
+    pub fn sync(&self) -> &S {
+        &self.sync
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The next epoch to run (0-based).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Steps each rank takes per epoch over `train_len` samples.
+    pub fn steps_per_epoch(&self, train_len: usize) -> usize {
+        steps_per_epoch(train_len, self.sync.world_size(), &self.config)
+    }
+
+    /// Runs one epoch over this rank's shard, calling `on_step` after every step, then
+    /// evaluates per [`EvalMode`].
+    pub fn run_epoch(
+        &mut self,
+        data: &Dataset,
+        on_step: &mut dyn FnMut(&StepInfo),
+    ) -> Result<EpochStats> {
+        let t_epoch = Instant::now();
+        let (rank, world) = (self.sync.rank(), self.sync.world_size());
+        let n = data.train.len();
+        let steps = self.steps_per_epoch(n);
+        if steps == 0 {
+            return Err(Error::Config(format!(
+                "{n} training samples over {world} ranks give no full batch of {}",
+                self.config.batch_size
+            )));
+        }
+        let bs = self.config.batch_size;
+        let shard = shard_indices(n, world, rank, self.config.seed, self.epoch);
+        let (mut compute_s, mut loss_sum) = (0.0f64, 0.0f64);
+        let mut total = SyncStats::default();
+        for step in 0..steps {
+            let batch = data.train.batch(&shard[step * bs..(step + 1) * bs]);
+            let t0 = Instant::now();
+            let loss = self.model.forward_backward(&batch, &mut self.grads)?;
+            compute_s += t0.elapsed().as_secs_f64();
+            if !loss.is_finite() {
+                return Err(Error::Diverged {
+                    epoch: self.epoch,
+                    step,
+                    loss,
+                });
+            }
+            let stats = self.sync.sync(&mut self.grads)?;
+            total.merge(&stats);
+            let t1 = Instant::now();
+            let lr = self.optimizer.step(&mut self.params, &self.grads)?;
+            self.model.set_params(&self.params);
+            compute_s += t1.elapsed().as_secs_f64();
+            loss_sum += f64::from(loss);
+            self.global_step += 1;
+            on_step(&StepInfo {
+                epoch: self.epoch,
+                step,
+                steps,
+                global_step: self.global_step,
+                loss,
+                lr,
+                sync: stats,
+            });
+        }
+        let mut mean_loss = [loss_sum / steps as f64];
+        self.sync.average_metrics(&mut mean_loss)?;
+        let evaluate = match self.config.eval {
+            EvalMode::All => true,
+            EvalMode::Rank0 => rank == 0,
+            EvalMode::Off => false,
+        };
+        let (mut test_accuracy, mut val_perplexity) = (None, None);
+        if evaluate {
+            let e = self.evaluate(&data.test)?;
+            test_accuracy = Some(e.accuracy());
+            if self.model.kind().is_language_model() {
+                val_perplexity = Some(e.perplexity());
+            }
+        }
+        let stats = EpochStats {
+            epoch: self.epoch,
+            train_loss: mean_loss[0],
+            test_accuracy,
+            val_perplexity,
+            wall_s: t_epoch.elapsed().as_secs_f64(),
+            compute_s,
+            comm_s: total.comm_s,
+            bytes_sent: total.bytes_sent,
+            compression_ratio: total.compression_ratio(),
+        };
+        self.epoch += 1;
+        Ok(stats)
+    }
+
+    /// Runs the configured number of epochs; `on_epoch` sees each epoch's stats.
+    pub fn fit(
+        &mut self,
+        data: &Dataset,
+        on_step: &mut dyn FnMut(&StepInfo),
+        on_epoch: &mut dyn FnMut(&EpochStats),
+    ) -> Result<Vec<EpochStats>> {
+        let mut all = Vec::with_capacity(self.config.epochs);
+        while (self.epoch as usize) < self.config.epochs {
+            let s = self.run_epoch(data, on_step)?;
+            on_epoch(&s);
+            all.push(s);
+        }
+        Ok(all)
+    }
+
+    /// Evaluates the current parameters on `split` (up to `eval_limit` samples, in order).
+    pub fn evaluate(&self, split: &Split) -> Result<Eval> {
+        evaluate(
+            &*self.model,
+            split,
+            self.config.eval_batch_size,
+            self.config.eval_limit,
+        )
+    }
+
+    /// Gives back the model and the sync.
+    pub fn into_parts(self) -> (Box<dyn Model>, S) {
+        (self.model, self.sync)
+    }
+}
+
+/// Steps per epoch for `train_len` samples over `world` ranks.
+fn steps_per_epoch(train_len: usize, world: usize, config: &TrainConfig) -> usize {
+    let steps = shard_len(train_len, world) / config.batch_size.max(1);
+    config.max_steps_per_epoch.map_or(steps, |m| steps.min(m))
+}
+
+/// Evaluates `model` on the first `limit` samples of `split` (all when `None`) in batches.
+pub fn evaluate(
+    model: &dyn Model,
+    split: &Split,
+    batch_size: usize,
+    limit: Option<usize>,
+) -> Result<Eval> {
+    let n = limit.map_or(split.len(), |l| l.min(split.len()));
+    let mut total = Eval::default();
+    let idx: Vec<usize> = (0..n).collect();
+    for chunk in idx.chunks(batch_size.max(1)) {
+        total.merge(&model.evaluate(&split.batch(chunk))?);
+    }
+    Ok(total)
+}

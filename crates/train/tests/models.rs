@@ -1,0 +1,97 @@
+//! Every model: gradient length, finite loss, exact parameter round trip, seeded init.
+
+use gradwire_train::data::DataShape;
+use gradwire_train::ModelKind;
+
+use crate::util::{image_batch, text_batch, FMNIST};
+
+fn shape_for(kind: ModelKind) -> DataShape {
+    if kind.is_language_model() {
+        DataShape::Text { vocab: 30 }
+    } else {
+        FMNIST
+    }
+}
+
+#[test]
+fn every_model_trains_one_step_and_round_trips() {
+    for kind in ModelKind::ALL {
+        let mut m = kind.build(shape_for(kind), 7).unwrap();
+        assert_eq!(m.kind(), kind);
+        let n = m.num_params();
+        assert_eq!(m.layout().iter().sum::<usize>(), n, "{kind}");
+        let batch = if kind.is_language_model() {
+            text_batch(4, 8, 30, 1)
+        } else {
+            image_batch(4, [1, 28, 28], 10, 1)
+        };
+        let mut grads = Vec::new();
+        let loss = m.forward_backward(&batch, &mut grads).unwrap();
+        assert!(loss.is_finite() && loss > 0.0, "{kind}: loss {loss}");
+        assert_eq!(grads.len(), n, "{kind}");
+        assert!(grads.iter().all(|g| g.is_finite()), "{kind}");
+        assert!(grads.iter().any(|&g| g != 0.0), "{kind}: all-zero gradient");
+        // Exact round trip of arbitrary values.
+        let vals: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 0.1).collect();
+        m.set_params(&vals);
+        let mut back = Vec::new();
+        m.params(&mut back);
+        assert_eq!(back, vals, "{kind}: params did not round-trip");
+        // Still trainable after an overwrite; evaluation counts every target.
+        m.forward_backward(&batch, &mut grads).unwrap();
+        assert_eq!(grads.len(), n);
+        let e = m.evaluate(&batch).unwrap();
+        let targets = if kind.is_language_model() { 32 } else { 4 };
+        assert_eq!(e.n, targets, "{kind}");
+        assert!(e.loss_sum.is_finite() && e.correct <= e.n);
+        // The wrong kind of batch is an error, not a panic.
+        let wrong = if kind.is_language_model() {
+            image_batch(2, [1, 28, 28], 10, 1)
+        } else {
+            text_batch(2, 4, 30, 1)
+        };
+        assert!(m.forward_backward(&wrong, &mut grads).is_err());
+    }
+}
+
+#[test]
+fn same_seed_same_params() {
+    for kind in ModelKind::ALL {
+        let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
+        kind.build(shape_for(kind), 3).unwrap().params(&mut a);
+        kind.build(shape_for(kind), 3).unwrap().params(&mut b);
+        kind.build(shape_for(kind), 4).unwrap().params(&mut c);
+        assert_eq!(a, b, "{kind}");
+        assert_ne!(a, c, "{kind}");
+    }
+}
+
+#[test]
+fn known_sizes_and_names() {
+    let count = |k: ModelKind| k.build(shape_for(k), 0).unwrap().num_params();
+    assert_eq!(
+        count(ModelKind::Mlp),
+        784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
+    );
+    assert_eq!(count(ModelKind::LeNet), 61_706);
+    for k in ModelKind::ALL {
+        assert_eq!(k.name().parse::<ModelKind>().unwrap(), k);
+    }
+    assert!("vgg".parse::<ModelKind>().is_err());
+    assert!(ModelKind::CharLstm.build(FMNIST, 0).is_err());
+    assert!(ModelKind::LeNet
+        .build(DataShape::Text { vocab: 5 }, 0)
+        .is_err());
+    // Other image shapes (CIFAR's) build too.
+    let cifar = DataShape::Image {
+        shape: [3, 32, 32],
+        classes: 10,
+    };
+    for k in [ModelKind::Mlp, ModelKind::LeNet, ModelKind::ResNet8] {
+        let mut m = k.build(cifar, 0).unwrap();
+        let mut g = vec![];
+        m.forward_backward(&image_batch(2, [3, 32, 32], 10, 0), &mut g)
+            .unwrap();
+        assert_eq!(g.len(), m.num_params());
+    }
+}

@@ -1,0 +1,5 @@
+//! Integration tests of gradwire-train (one binary; see each module).
+
+mod distributed;
+mod models;
+mod util;
