@@ -73,6 +73,11 @@ impl SparseAllReduce {
         Ok(())
     }
 
+    /// Pairs this rank selected in the last [`SparseAllReduce::all_reduce`].
+    pub fn last_pairs(&self) -> usize {
+        self.mine.indices.len()
+    }
+
     /// Sums every rank's `mine` (strictly increasing indices `< out.len()`) and writes the
     /// dense sum to `out` (every rank must pass the same `out.len()`).
     pub fn all_reduce_pairs<T: Transport + ?Sized>(
