@@ -21,7 +21,7 @@ fn malformed(path: &Path, what: impl Into<String>) -> Error {
 
 /// Parses the bytes of one CIFAR-10 batch file; `path` only names the source in errors.
 pub fn parse_cifar(bytes: &[u8], path: &Path) -> Result<ImageSet> {
-    if bytes.is_empty() || bytes.len() % RECORD != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(RECORD) {
         return Err(malformed(
             path,
             format!(

@@ -26,7 +26,7 @@ fn malformed(path: &Path, what: impl Into<String>) -> Error {
 pub fn parse_digit_json(bytes: &[u8], path: &Path) -> Result<Vec<u8>> {
     let d: Digits = serde_json::from_slice(bytes)
         .map_err(|e| malformed(path, format!("not the expected JSON: {e}")))?;
-    if d.data.is_empty() || d.data.len() % PIXELS != 0 {
+    if d.data.is_empty() || !d.data.len().is_multiple_of(PIXELS) {
         return Err(malformed(
             path,
             format!(

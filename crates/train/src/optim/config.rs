@@ -159,10 +159,14 @@ impl OptimizerConfig {
             }
         }
         match self.decay {
-            LrDecay::Step { every, gamma } if every == 0 || !(gamma > 0.0 && gamma <= 1.0) => bad(
-                format!("step decay needs every > 0 and gamma in (0, 1], got {every}, {gamma}"),
-            ),
-            LrDecay::Cosine { min_lr, .. } if !(min_lr >= 0.0 && min_lr <= self.lr) => {
+            LrDecay::Step { every, gamma }
+                if every == 0 || gamma.is_nan() || gamma <= 0.0 || gamma > 1.0 =>
+            {
+                bad(format!(
+                    "step decay needs every > 0 and gamma in (0, 1], got {every}, {gamma}"
+                ))
+            }
+            LrDecay::Cosine { min_lr, .. } if !(0.0..=self.lr).contains(&min_lr) => {
                 bad(format!("cosine min_lr {min_lr} must be in [0, lr]"))
             }
             _ => Ok(()),

@@ -274,13 +274,13 @@ mod tests {
         let (mut m, mut v) = ([0.0f64; 2], [0.0f64; 2]);
         for (t, g) in G.iter().enumerate() {
             let t = t as i32 + 1;
-            for i in 0..2 {
-                let g = f64::from(g[i]);
-                m[i] = b1 * m[i] + (1.0 - b1) * g;
-                v[i] = b2 * v[i] + (1.0 - b2) * g * g;
-                let mh = m[i] / (1.0 - b1.powi(t));
-                let vh = v[i] / (1.0 - b2.powi(t));
-                p[i] -= lr * mh / (vh.sqrt() + eps);
+            for (((p, m), v), &g) in p.iter_mut().zip(&mut m).zip(&mut v).zip(g) {
+                let g = f64::from(g);
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                let mh = *m / (1.0 - b1.powi(t));
+                let vh = *v / (1.0 - b2.powi(t));
+                *p -= lr * mh / (vh.sqrt() + eps);
             }
         }
         close(&run("adam:lr=0.01", &[0.3, -0.7], &G), &p);
