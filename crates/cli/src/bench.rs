@@ -12,11 +12,15 @@ pub enum BenchCommand {
     /// over iterations of the slowest rank's time and the bus bandwidth (nccl-tests
     /// convention: all-reduce moves bytes x 2(P-1)/P).
     Allreduce(crate::bench_allreduce::AllreduceBenchArgs),
+    /// Codec throughput: encode and decode_add GB/s and compression ratio per codec, next to
+    /// the memcpy GB/s of the same machine measured in the same run.
+    Codecs(crate::bench_codecs::CodecBenchArgs),
 }
 
 /// Runs a benchmark subcommand.
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Allreduce(a) => crate::bench_allreduce::run(&a),
+        BenchCommand::Codecs(a) => crate::bench_codecs::run(&a),
     }
 }

@@ -91,6 +91,12 @@ pub fn spawn_capturing(spec: &RankSpec) -> Result<Ranks> {
     spawn_inner(spec, false, true)
 }
 
+/// Starts the ranks with rank 0's output passed through untouched (its progress bar
+/// included) and the other ranks' standard output discarded (`train`).
+pub fn spawn_quiet(spec: &RankSpec) -> Result<Ranks> {
+    spawn_inner(spec, false, false)
+}
+
 fn spawn_inner(spec: &RankSpec, prefix: bool, capture: bool) -> Result<Ranks> {
     let master = match spec.master {
         Some(m) => m,
@@ -118,7 +124,7 @@ fn spawn_inner(spec: &RankSpec, prefix: bool, capture: bool) -> Result<Ranks> {
         let capture_this = capture && rank == 0;
         if prefix || capture_this {
             cmd.stdout(Stdio::piped());
-        } else if capture {
+        } else if rank > 0 {
             cmd.stdout(Stdio::null());
         }
         if prefix {

@@ -6,12 +6,15 @@
 
 mod bench;
 mod bench_allreduce;
+mod bench_codecs;
 mod check;
 mod launch;
 mod plot;
 mod records;
+mod report;
 mod report_render;
 mod size;
+mod train;
 mod world;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +42,16 @@ enum Command {
     ///
     /// Run it under `gradwire launch -n N -- gradwire check` (or mpirun / srun / torchrun).
     Check(check::CheckArgs),
+    /// Train a model data-parallel across workers with a gradient codec.
+    ///
+    /// Example: `gradwire train --model lenet --dataset fashion-mnist --workers 4
+    /// --codec dgc:ratio=0.001 --epochs 5`. Fetch the data first with scripts/fetch-data.sh.
+    Train(Box<train::TrainArgs>),
+    /// Train one model with each codec in turn and write the accuracy-vs-bytes report.
+    ///
+    /// Writes report.md (a table in the style of the DGC, QSGD and TernGrad papers) and
+    /// comparison.png into --out.
+    Report(report::ReportArgs),
     /// Measure collectives (`bench allreduce`) or codecs (`bench codecs`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -50,6 +63,8 @@ fn main() {
     let result = match cli.command {
         Command::Launch(a) => launch::run(&a),
         Command::Check(a) => check::run(&a).map(|()| 0),
+        Command::Train(a) => train::run(&a).map(|()| 0),
+        Command::Report(a) => report::run(&a).map(|()| 0),
         Command::Bench(b) => bench::run(b).map(|()| 0),
     };
     match result {

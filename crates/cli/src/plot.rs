@@ -2,10 +2,6 @@
 //!
 //! Text is drawn with plotters' `ttf` feature, which finds a system sans-serif font through
 //! fontconfig (Debian: `fontconfig` and `fonts-dejavu-core`).
-#![allow(
-    dead_code,
-    reason = "the train and report subcommands that call this are being wired in"
-)]
 
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,4 @@
 //! Per-epoch training records: what `gradwire train` writes (JSON lines) and `report` reads.
-#![allow(
-    dead_code,
-    reason = "the train and report subcommands that call this are being wired in"
-)]
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -166,6 +162,10 @@ pub fn append_jsonl(path: &Path, record: &EpochRecord) -> Result<()> {
 }
 
 /// Reads every record of a JSON-lines file, skipping blank lines; errors name file and line.
+#[allow(
+    dead_code,
+    reason = "the reader of what train writes; used by tests and tools"
+)]
 pub fn read_jsonl(path: &Path) -> Result<Vec<EpochRecord>> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut out = Vec::new();

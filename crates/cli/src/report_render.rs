@@ -1,8 +1,4 @@
 //! Markdown report of several runs, in the style of the DGC / QSGD / TernGrad result tables.
-#![allow(
-    dead_code,
-    reason = "the report subcommand that calls this is being wired in"
-)]
 
 use std::fmt::Write;
 

@@ -1,0 +1,134 @@
+//! `gradwire report`: train one model with each codec in turn and write the comparison:
+//! a Markdown table (final accuracy or perplexity, difference from dense, bytes per step,
+//! compression ratio, time) and one plot of quality against bytes per step.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::records::RunRecord;
+
+/// Arguments of `gradwire report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Model: mlp, lenet, resnet, lstm.
+    #[arg(long, default_value = "lenet")]
+    model: String,
+    /// Data set (default: fashion-mnist, or shakespeare for lstm).
+    #[arg(long)]
+    dataset: Option<String>,
+    /// Codecs to compare, comma-separated names or specs. A bare name takes the setting of
+    /// its paper's headline result: topk = topk:ratio=0.01, qsgd = qsgd:bits=4,
+    /// dgc = dgc:ratio=0.001, threshold = threshold:tau=0.002, adaptive = adaptive:pi=0.01.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,fp16,onebit,threshold,adaptive,topk,qsgd,terngrad,dgc"
+    )]
+    codecs: Vec<String>,
+    /// Workers per run.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Epochs per run.
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    /// Output directory (one sub-directory per codec, report.md and comparison.png).
+    #[arg(long, default_value = "out/report")]
+    out: PathBuf,
+    /// The codec the differences are measured against.
+    #[arg(long, default_value = "none")]
+    baseline: String,
+    /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+/// The spec a bare codec name stands for in a report.
+pub fn preset(name: &str) -> String {
+    match name.trim() {
+        "topk" => "topk:ratio=0.01".into(),
+        "qsgd" => "qsgd:bits=4".into(),
+        "dgc" => "dgc:ratio=0.001".into(),
+        "threshold" => "threshold:tau=0.002".into(),
+        "adaptive" => "adaptive:pi=0.01".into(),
+        other => other.into(),
+    }
+}
+
+/// Runs the matrix and writes the report.
+pub fn run(args: &ReportArgs) -> Result<()> {
+    if args.codecs.is_empty() {
+        bail!("--codecs is empty");
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let mut runs = Vec::new();
+    for (i, name) in args.codecs.iter().enumerate() {
+        let spec = preset(name);
+        let spec_parsed: gradwire_codec::CodecConfig =
+            spec.parse().with_context(|| format!("codec '{spec}'"))?;
+        let dir = args.out.join(sanitize(&spec_parsed.to_string()));
+        eprintln!(
+            "gradwire report: [{}/{}] {spec_parsed}",
+            i + 1,
+            args.codecs.len()
+        );
+        let mut cmd = Command::new(&exe);
+        cmd.args(["train", "--model", &args.model, "--codec", &spec, "--quiet"])
+            .arg("--workers")
+            .arg(args.workers.to_string())
+            .arg("--epochs")
+            .arg(args.epochs.to_string())
+            .arg("--out")
+            .arg(&dir)
+            .args(&args.train_args);
+        if let Some(d) = &args.dataset {
+            cmd.args(["--dataset", d]);
+        }
+        let status = cmd
+            .status()
+            .with_context(|| format!("running gradwire train for {spec}"))?;
+        if !status.success() {
+            bail!("training with codec {spec} failed ({status})");
+        }
+        let run: RunRecord = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("run.json"))
+                .with_context(|| format!("reading {}/run.json", dir.display()))?,
+        )?;
+        runs.push(run);
+    }
+    let baseline = preset(&args.baseline)
+        .parse::<gradwire_codec::CodecConfig>()
+        .map(|c| c.to_string())?;
+    let command = std::env::args()
+        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let command = command.replacen(&exe.display().to_string(), "gradwire", 1);
+    let md = crate::report_render::render_markdown(&runs, &baseline, &command);
+    let md_path = args.out.join("report.md");
+    std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))?;
+    std::fs::write(
+        args.out.join("runs.json"),
+        serde_json::to_string_pretty(&runs)? + "\n",
+    )?;
+    println!("{md}");
+    eprintln!("gradwire report: wrote {}", md_path.display());
+    Ok(())
+}
+
+fn sanitize(spec: &str) -> String {
+    spec.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
