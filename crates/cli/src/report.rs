@@ -22,12 +22,13 @@ pub struct ReportArgs {
     /// Codecs to compare, comma-separated names or specs. A bare name takes the setting of
     /// its paper's headline result: topk = topk:ratio=0.01, qsgd = qsgd:bits=4,
     /// dgc = dgc:ratio=0.001, threshold = threshold:tau=0.002, adaptive = adaptive:pi=0.01.
+    /// Specs with parameters may be listed too: `topk:ratio=0.001,qsgd:bits=2,bucket=128,dgc`
+    /// (a `key=value` piece belongs to the codec before it).
     #[arg(
         long,
-        value_delimiter = ',',
         default_value = "none,fp16,onebit,threshold,adaptive,topk,qsgd,terngrad,dgc"
     )]
-    codecs: Vec<String>,
+    codecs: String,
     /// Workers per run.
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -59,14 +60,15 @@ pub fn preset(name: &str) -> String {
 
 /// Runs the matrix and writes the report.
 pub fn run(args: &ReportArgs) -> Result<()> {
-    if args.codecs.is_empty() {
+    let codecs = split_codecs(&args.codecs);
+    if codecs.is_empty() {
         bail!("--codecs is empty");
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let exe = std::env::current_exe().context("locating the gradwire binary")?;
     let mut runs = Vec::new();
-    for (i, name) in args.codecs.iter().enumerate() {
+    for (i, name) in codecs.iter().enumerate() {
         let spec = preset(name);
         let spec_parsed: gradwire_codec::CodecConfig =
             spec.parse().with_context(|| format!("codec '{spec}'"))?;
@@ -74,7 +76,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         eprintln!(
             "gradwire report: [{}/{}] {spec_parsed}",
             i + 1,
-            args.codecs.len()
+            codecs.len()
         );
         let mut cmd = Command::new(&exe);
         cmd.args(["train", "--model", &args.model, "--codec", &spec, "--quiet"])
@@ -121,6 +123,22 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     Ok(())
 }
 
+/// Splits a comma-separated codec list in which specs may carry their own `key=value`
+/// parameters: a piece with `=` but no `:` continues the spec before it.
+pub fn split_codecs(list: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for piece in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match out.last_mut() {
+            Some(prev) if piece.contains('=') && !piece.contains(':') => {
+                prev.push(',');
+                prev.push_str(piece);
+            }
+            _ => out.push(piece.to_string()),
+        }
+    }
+    out
+}
+
 fn sanitize(spec: &str) -> String {
     spec.chars()
         .map(|c| {
@@ -131,4 +149,20 @@ fn sanitize(spec: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codec_lists_keep_their_parameters() {
+        assert_eq!(
+            split_codecs("none, topk:ratio=0.01,qsgd:bits=4,bucket=512,dgc"),
+            vec!["none", "topk:ratio=0.01", "qsgd:bits=4,bucket=512", "dgc"]
+        );
+        assert!(split_codecs(" , ").is_empty());
+        assert_eq!(preset("qsgd"), "qsgd:bits=4");
+        assert_eq!(preset("qsgd:bits=2"), "qsgd:bits=2");
+    }
 }
