@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use gradwire_codec::{BuildContext, Codec, CodecConfig, CodecId, Progress};
 use gradwire_collective::compressed::{GatherDecode, QuantizedAllReduce, Reduce, SparseAllReduce};
-use gradwire_collective::{Collectives, ReduceOp};
 use gradwire_transport::Transport;
 
 use super::{GradientSync, SyncStats};
@@ -157,10 +156,7 @@ impl<T: Transport> GradientSync for CompressedSync<T> {
     }
 
     fn broadcast_params(&mut self, params: &mut [f32]) -> Result<()> {
-        if self.transport.world_size() > 1 {
-            self.transport.broadcast(params, 0)?;
-        }
-        Ok(())
+        super::broadcast_from_rank0(&mut self.transport, params)
     }
 
     fn sync(&mut self, grads: &mut [f32]) -> Result<SyncStats> {
@@ -222,9 +218,6 @@ impl<T: Transport> GradientSync for CompressedSync<T> {
     }
 
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
-        if self.transport.world_size() > 1 {
-            self.transport.all_reduce(values, ReduceOp::Mean)?;
-        }
-        Ok(())
+        super::average_over_ranks(&mut self.transport, values)
     }
 }

@@ -41,10 +41,7 @@ impl<T: Transport> GradientSync for DenseSync<T> {
     }
 
     fn broadcast_params(&mut self, params: &mut [f32]) -> Result<()> {
-        if self.transport.world_size() > 1 {
-            self.transport.broadcast(params, 0)?;
-        }
-        Ok(())
+        super::broadcast_from_rank0(&mut self.transport, params)
     }
 
     fn sync(&mut self, grads: &mut [f32]) -> Result<SyncStats> {
@@ -63,9 +60,6 @@ impl<T: Transport> GradientSync for DenseSync<T> {
     }
 
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
-        if self.transport.world_size() > 1 {
-            self.transport.all_reduce(values, ReduceOp::Mean)?;
-        }
-        Ok(())
+        super::average_over_ranks(&mut self.transport, values)
     }
 }

@@ -7,7 +7,26 @@ mod dense;
 pub use compressed::{CompressedSync, SyncStrategy};
 pub use dense::DenseSync;
 
+use gradwire_collective::{Collectives, ReduceOp};
+use gradwire_transport::Transport;
+
 use crate::error::Result;
+
+/// Makes every rank's `params` equal to rank 0's (nothing to do alone).
+fn broadcast_from_rank0<T: Transport>(t: &mut T, params: &mut [f32]) -> Result<()> {
+    if t.world_size() > 1 {
+        t.broadcast(params, 0)?;
+    }
+    Ok(())
+}
+
+/// Replaces `values` by their mean over the ranks (nothing to do alone).
+fn average_over_ranks<T: Transport>(t: &mut T, values: &mut [f64]) -> Result<()> {
+    if t.world_size() > 1 {
+        t.all_reduce(values, ReduceOp::Mean)?;
+    }
+    Ok(())
+}
 
 /// What one [`GradientSync::sync`] call cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
