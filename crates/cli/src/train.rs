@@ -47,6 +47,12 @@ pub struct TrainArgs {
     /// How compressed gradients are reduced: auto, gather, quantized, sparse.
     #[arg(long)]
     pub sync: Option<String>,
+    /// Momentum correction (DGC, section 3.2): each worker folds SGD's momentum into its
+    /// gradient before the codec, and the optimizer steps without momentum. `auto` turns it on
+    /// for the biased codecs with error feedback (onebit, signsgd, topk, threshold, adaptive)
+    /// when the optimizer is SGD with momentum; DGC always owns its momentum.
+    #[arg(long, value_name = "auto|on|off")]
+    pub momentum_correction: Option<String>,
     /// Epochs to train.
     #[arg(long)]
     pub epochs: Option<usize>,
@@ -103,6 +109,7 @@ struct TrainFile {
     workers: Option<usize>,
     codec: Option<String>,
     sync: Option<String>,
+    momentum_correction: Option<String>,
     epochs: Option<usize>,
     lr: Option<f64>,
     optimizer: Option<String>,
@@ -130,6 +137,8 @@ pub struct Plan {
     pub codec: CodecConfig,
     /// Compressed all-reduce strategy.
     pub sync: SyncStrategy,
+    /// Momentum correction in the sync: `(beta, nesterov)` taken from the optimizer.
+    pub momentum_correction: Option<(f64, bool)>,
     /// Trainer settings.
     pub train: TrainConfig,
     /// Sequence length for text.
@@ -185,8 +194,26 @@ impl TrainArgs {
         if let Some(lr) = self.lr.or(file.lr) {
             optimizer.lr = lr;
         }
+        let correct =
+            match pick(&self.momentum_correction, file.momentum_correction, "auto").as_str() {
+                "auto" => matches!(
+                    codec.id(),
+                    CodecId::OneBit
+                        | CodecId::SignSgd
+                        | CodecId::TopK
+                        | CodecId::Threshold
+                        | CodecId::Adaptive
+                ),
+                "on" => true,
+                "off" => false,
+                other => bail!("--momentum-correction must be auto, on or off, not '{other}'"),
+            };
+        let mut momentum_correction = None;
         if codec.id() == CodecId::Dgc {
             // DGC owns momentum (momentum correction): the optimizer step is plain SGD.
+            optimizer = optimizer.without_momentum();
+        } else if correct && codec.id() != CodecId::None {
+            momentum_correction = optimizer.sgd_momentum();
             optimizer = optimizer.without_momentum();
         }
         optimizer.validate()?;
@@ -218,6 +245,7 @@ impl TrainArgs {
             workers,
             codec,
             sync,
+            momentum_correction,
             train,
             seq_len: self.seq_len.or(file.seq_len).unwrap_or(64),
             threads,
@@ -308,26 +336,32 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         if plan.codec.id() == CodecId::None && plan.sync == SyncStrategy::Auto {
             Box::new(DenseSync::new(t))
         } else {
-            Box::new(CompressedSync::new(
+            let sync = CompressedSync::new(
                 t,
                 plan.codec.clone(),
                 plan.sync,
                 layout,
                 plan.train.seed,
                 steps_guess,
-            ))
+            );
+            Box::new(match plan.momentum_correction {
+                Some((beta, nesterov)) => sync.with_momentum_correction(beta as f32, nesterov),
+                None => sync,
+            })
         };
     let mut trainer = Trainer::new(model, sync, plan.train.clone(), data.train.len())?;
     let steps = trainer.steps_per_epoch(data.train.len());
     let reporting = rank == 0;
     if reporting {
         eprintln!(
-            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), codec {}, {} steps/epoch x {} epochs, batch {} per worker",
+            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), codec {}{}, {} steps/epoch x {} epochs, batch {} per worker",
             plan.model.name(),
             plan.dataset.name(),
             data.train.len(),
             data.test.len(),
             plan.codec,
+            plan.momentum_correction
+                .map_or(String::new(), |(b, _)| format!(" (momentum correction {b})")),
             steps,
             plan.train.epochs,
             plan.train.batch_size

@@ -132,20 +132,20 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.inner.set_progress(progress)
     }
 
-    fn local_scalar(&self, grad: &[f32]) -> Option<f32> {
+    fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
         if self.residual.len() != grad.len() {
-            return self.inner.local_scalar(grad);
+            return self.inner.local_scalars(grad);
         }
         let x: Vec<f32> = grad
             .iter()
             .zip(&self.residual)
             .map(|(g, r)| g + r)
             .collect();
-        self.inner.local_scalar(&x)
+        self.inner.local_scalars(&x)
     }
 
-    fn set_shared_scalar(&mut self, value: f32) {
-        self.inner.set_shared_scalar(value)
+    fn set_shared_scalars(&mut self, values: &[f32]) {
+        self.inner.set_shared_scalars(values)
     }
 
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {

@@ -172,14 +172,15 @@ pub trait Codec: Send {
     /// Tells the codec where training is (DGC's warm-up, seeded RNG streams).
     fn set_progress(&mut self, _progress: Progress) {}
 
-    /// A scalar that every rank must agree on before encoding (TernGrad's shared max),
-    /// computed from this rank's gradient; `None` for codecs that need none.
-    fn local_scalar(&self, _grad: &[f32]) -> Option<f32> {
+    /// Scalars that every rank must agree on before encoding (TernGrad's shared max, one per
+    /// tensor), computed from this rank's gradient; `None` for codecs that need none.
+    fn local_scalars(&self, _grad: &[f32]) -> Option<Vec<f32>> {
         None
     }
 
-    /// Sets the agreed scalar (the max over ranks of [`Codec::local_scalar`]).
-    fn set_shared_scalar(&mut self, _value: f32) {}
+    /// Sets the agreed scalars (the element-wise max over ranks of [`Codec::local_scalars`])
+    /// for the next encode only.
+    fn set_shared_scalars(&mut self, _values: &[f32]) {}
 
     /// For sparsifying codecs (top-k, DGC, threshold, random-k): selects this step's
     /// (index, value) pairs exactly as [`Codec::encode`] would (advancing the same state) and
@@ -254,11 +255,11 @@ impl Codec for Box<dyn Codec> {
     fn set_progress(&mut self, progress: Progress) {
         (**self).set_progress(progress)
     }
-    fn local_scalar(&self, grad: &[f32]) -> Option<f32> {
-        (**self).local_scalar(grad)
+    fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
+        (**self).local_scalars(grad)
     }
-    fn set_shared_scalar(&mut self, value: f32) {
-        (**self).set_shared_scalar(value)
+    fn set_shared_scalars(&mut self, values: &[f32]) {
+        (**self).set_shared_scalars(values)
     }
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
         (**self).encode_sparse(grad, out)

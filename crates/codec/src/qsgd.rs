@@ -68,7 +68,8 @@ pub struct QsgdConfig {
     pub norm: QsgdNorm,
     /// Level coding.
     pub coding: QsgdCoding,
-    /// Error feedback (default off: QSGD is unbiased).
+    /// Error feedback (default off: QSGD is unbiased). Feedback needs `|x - Q(x)| < |x|`,
+    /// which QSGD with few levels does not give: with 2 bits its residual grows without bound.
     pub ef: bool,
 }
 

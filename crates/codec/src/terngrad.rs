@@ -4,10 +4,13 @@
 //! Per tensor (layer-wise): clip every element to `[-c sigma, c sigma]` (`sigma` = the
 //! tensor's standard deviation, `c = clip`, 2.5 by default, 0 turns clipping off), take
 //! `s = max |clipped|`, and send `s * sign(x_k) * b_k` with `b_k ~ Bernoulli(|x_k| / s)`:
-//! unbiased for the clipped gradient. Scalar sharing: [`Codec::local_scalar`] returns this
-//! rank's `max s` over its tensors; after the ranks agree on the max and call
-//! [`Codec::set_shared_scalar`], the next encode uses that one scale for every tensor, so the
-//! ternaries of all ranks share it and sum as small integers. The Bernoulli draws come from
+//! unbiased for the clipped gradient. Scalar sharing (layer-wise, as in the paper):
+//! [`Codec::local_scalars`] returns this rank's `s` of every tensor; after the ranks agree on
+//! the element-wise max and call [`Codec::set_shared_scalars`], the next encode uses tensor
+//! `l`'s shared scale for tensor `l`, so the ternaries of all ranks share it and sum as small
+//! integers. (One scale for the whole model, the max over all tensors, would scale a layer of
+//! small gradients by another layer's large max: almost all its codes become 0 and the
+//! variance explodes.) The Bernoulli draws come from
 //! the codec's `(seed, rank, step)` stream ([`crate::StepRng`]).
 //!
 //! Wire layout: the 12-byte [`crate::Header`] (codec 8), then for each tensor of the layout
@@ -76,7 +79,8 @@ pub struct TernGrad {
     clip: f32,
     layout: Vec<usize>,
     rng: StepRng,
-    shared: Option<f32>,
+    /// The agreed per-tensor scales for the next encode.
+    shared: Option<Vec<f32>>,
 }
 
 /// Clip bound and local scale of one tensor: `(c sigma or inf, max |clipped|)`.
@@ -132,14 +136,15 @@ impl TernGrad {
 }
 
 multiversion! {
-    fn encode_all(layout: &[usize], clip: f32, key: u32, shared: Option<f32>, grad: &[f32], body: &mut [u8]) {
+    fn encode_all(layout: &[usize], clip: f32, key: u32, shared: Option<&[f32]>, grad: &[f32], body: &mut [u8]) {
         let mut at = 0;
-        for seg in segments(layout, grad.len()) {
+        for (t, seg) in segments(layout, grad.len()).enumerate() {
             let x = &grad[seg.clone()];
             let len = 4 + packed_bytes(x.len(), 2);
             let dst = &mut body[at..at + len];
             let (bound, local) = tensor_stats(x, clip);
-            let s = shared.unwrap_or(local);
+            // A shared scale below the local one (a caller's mistake) would bias the codes.
+            let s = shared.and_then(|v| v.get(t)).map_or(local, |&v| v.max(local));
             dst[..4].copy_from_slice(&s.to_le_bytes());
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             pack::<2>(x, seg.start as u32, &mut dst[4..], |v, i| {
@@ -180,7 +185,7 @@ impl Codec for TernGrad {
             &self.layout,
             self.clip,
             key,
-            shared,
+            shared.as_deref(),
             grad,
             &mut out[HEADER_LEN..],
         );
@@ -218,22 +223,25 @@ impl Codec for TernGrad {
         self.rng.set_step(progress.step);
     }
 
-    fn local_scalar(&self, grad: &[f32]) -> Option<f32> {
+    fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
         Some(
             segments(&self.layout, grad.len())
                 .map(|s| tensor_stats(&grad[s], self.clip).1)
-                .fold(0f32, f32::max),
+                .collect(),
         )
     }
 
-    fn set_shared_scalar(&mut self, value: f32) {
-        self.shared = Some(value);
+    fn set_shared_scalars(&mut self, values: &[f32]) {
+        self.shared = Some(values.to_vec());
     }
 
     fn save_state(&self) -> Vec<u8> {
         let mut w = StateWriter::new(CodecId::TernGrad);
         self.rng.save(&mut w);
-        w.u64(self.shared.map_or(u64::MAX, |v| v.to_bits() as u64));
+        match &self.shared {
+            None => w.u64(u64::MAX),
+            Some(v) => w.u64(0).f32s(v),
+        };
         w.finish()
     }
 
@@ -243,7 +251,7 @@ impl Codec for TernGrad {
         rng.load(&mut r)?;
         let shared = match r.u64()? {
             u64::MAX => None,
-            v if v <= u32::MAX as u64 => Some(f32::from_bits(v as u32)),
+            0 => Some(r.f32s()?),
             _ => {
                 return Err(DecodeError::InvalidField {
                     field: "state",
@@ -305,12 +313,12 @@ mod tests {
         let mut g = grad(1000);
         g[10] = 100.0; // an outlier
         let mut t = TernGrad::new(2.5, &[], 1, 0);
-        let local = t.local_scalar(&g).unwrap();
+        let local = t.local_scalars(&g).unwrap()[0];
         assert!(local < 10.0, "{local}");
         let mut out = Vec::new();
         t.encode(&g, &mut out);
         assert_eq!(f32_at(&out, HEADER_LEN), local);
-        t.set_shared_scalar(local * 2.0);
+        t.set_shared_scalars(&[local * 2.0]);
         t.encode(&g, &mut out);
         assert_eq!(f32_at(&out, HEADER_LEN), local * 2.0);
         t.encode(&g, &mut out);
@@ -320,6 +328,34 @@ mod tests {
             "the shared scale is one-shot"
         );
         assert_eq!(out.len(), HEADER_LEN + 4 + 4 * 1000usize.div_ceil(16));
+    }
+
+    #[test]
+    fn sharing_is_per_tensor() {
+        // A layer of small gradients keeps its own (shared) scale, not the big layer's max.
+        let mut g = grad(700);
+        for v in &mut g[300..] {
+            *v *= 0.01;
+        }
+        let mut t = TernGrad::new(0.0, &[300, 400], 1, 0);
+        let local = t.local_scalars(&g).unwrap();
+        assert_eq!(local.len(), 2);
+        assert!(local[1] < local[0] * 0.02, "{local:?}");
+        let shared = [local[0] * 1.5, local[1] * 1.25];
+        t.set_shared_scalars(&shared);
+        let mut out = Vec::new();
+        t.encode(&g, &mut out);
+        let second = HEADER_LEN + 4 + packed_bytes(300, 2);
+        assert_eq!(f32_at(&out, HEADER_LEN), shared[0]);
+        assert_eq!(f32_at(&out, second), shared[1]);
+        // The shared scales survive a state round trip.
+        t.set_shared_scalars(&shared);
+        let state = t.save_state();
+        let mut u = TernGrad::new(0.0, &[300, 400], 1, 0);
+        u.load_state(&state).unwrap();
+        let mut out2 = Vec::new();
+        u.encode(&g, &mut out2);
+        assert_eq!(f32_at(&out2, second), shared[1]);
     }
 
     #[test]

@@ -25,8 +25,8 @@ impl GatherDecode {
 
     /// Replaces `grad` by the sum (or mean) over ranks of `decode(encode(grad_r))`.
     ///
-    /// Codecs that need a shared scalar ([`Codec::local_scalar`], TernGrad) get the max
-    /// over ranks first (one small all-reduce).
+    /// Codecs that need shared scalars ([`Codec::local_scalars`], TernGrad's per-tensor
+    /// scales) get the element-wise max over ranks first (one small all-reduce).
     pub fn all_reduce<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -34,10 +34,9 @@ impl GatherDecode {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if let Some(x) = codec.local_scalar(grad) {
-            let mut v = [x];
+        if let Some(mut v) = codec.local_scalars(grad) {
             crate::all_reduce(t, &mut v, ReduceOp::Max, Algorithm::RecursiveDoubling, 64)?;
-            codec.set_shared_scalar(v[0]);
+            codec.set_shared_scalars(&v);
         }
         codec.encode(grad, &mut self.payload);
         gather::all_gather_bytes(t, &self.payload, &mut self.gathered)?;

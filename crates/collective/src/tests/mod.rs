@@ -7,6 +7,7 @@ use gradwire_transport::{local::Local, Transport};
 
 mod compressed;
 mod dense;
+mod feedback;
 mod real_codecs;
 
 /// A world factory: builds `n` connected ranks.

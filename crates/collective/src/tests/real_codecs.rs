@@ -32,7 +32,7 @@ fn ctx(rank: usize, world: usize, salt: u64) -> BuildContext {
 
 fn needs_scalar(cfg: &CodecConfig) -> bool {
     cfg.build(&ctx(0, 1, 0))
-        .local_scalar(&[1.0, -2.0])
+        .local_scalars(&[1.0, -2.0])
         .is_some()
 }
 
@@ -52,13 +52,13 @@ fn gather_decode_every_codec() {
                 for step in 0..STEPS {
                     let grads: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
                     let shared = (0..world)
-                        .filter_map(|r| codecs[r].local_scalar(&grads[r]))
-                        .reduce(f32::max);
+                        .filter_map(|r| codecs[r].local_scalars(&grads[r]))
+                        .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
                     let mut acc = vec![0.0f32; len];
                     let mut payloads = Vec::new();
                     for r in 0..world {
-                        if let Some(s) = shared {
-                            codecs[r].set_shared_scalar(s);
+                        if let Some(s) = &shared {
+                            codecs[r].set_shared_scalars(s);
                         }
                         let mut p = Vec::new();
                         codecs[r].encode(&grads[r], &mut p);

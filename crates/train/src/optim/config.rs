@@ -105,6 +105,16 @@ impl OptimizerConfig {
         }
     }
 
+    /// SGD's momentum factor and Nesterov flag, when this is SGD with momentum.
+    pub fn sgd_momentum(&self) -> Option<(f64, bool)> {
+        match self.kind {
+            OptimizerKind::Sgd {
+                momentum, nesterov, ..
+            } if momentum > 0.0 => Some((momentum, nesterov)),
+            _ => None,
+        }
+    }
+
     /// The same settings with momentum removed (for codecs such as DGC that own momentum).
     pub fn without_momentum(mut self) -> Self {
         if let OptimizerKind::Sgd {

@@ -65,6 +65,35 @@ impl SyncStrategy {
     }
 }
 
+/// Momentum correction (Lin et al., DGC, ICLR 2018, section 3.2) for any codec: each rank
+/// keeps its own velocity `u = beta u + g` and the codec compresses `u` (or `g + beta u`,
+/// Nesterov) instead of `g`, so that error feedback accumulates velocity, not gradient.
+/// The optimizer then takes plain SGD steps on the averaged velocities: since momentum is
+/// linear, the average of the ranks' velocities is the velocity of the averaged gradient,
+/// and dense training is unchanged; but a biased codec with error feedback (1-bit, top-k,
+/// Strom's threshold, adaptive) no longer sees its delayed residual amplified by an optimizer
+/// momentum applied after decompression.
+#[derive(Debug, Clone)]
+struct MomentumCorrection {
+    beta: f32,
+    nesterov: bool,
+    velocity: Vec<f32>,
+}
+
+impl MomentumCorrection {
+    /// Replaces `g` by what the codec should compress.
+    fn apply(&mut self, g: &mut [f32]) {
+        if self.velocity.len() != g.len() {
+            self.velocity = vec![0.0; g.len()];
+        }
+        let beta = self.beta;
+        for (u, g) in self.velocity.iter_mut().zip(g.iter_mut()) {
+            *u = beta * *u + *g;
+            *g = if self.nesterov { *g + beta * *u } else { *u };
+        }
+    }
+}
+
 /// Synchronizes gradients through a codec.
 pub struct CompressedSync<T: Transport> {
     transport: T,
@@ -75,6 +104,7 @@ pub struct CompressedSync<T: Transport> {
     gather: GatherDecode,
     sparse: SparseAllReduce,
     quantized: Option<QuantizedAllReduce>,
+    momentum: Option<MomentumCorrection>,
     steps_per_epoch: u64,
     step: u64,
 }
@@ -107,9 +137,22 @@ impl<T: Transport> CompressedSync<T> {
             gather: GatherDecode::new(),
             sparse: SparseAllReduce::new(),
             quantized: None,
+            momentum: None,
             steps_per_epoch: steps_per_epoch.max(1) as u64,
             step: 0,
         }
+    }
+
+    /// Turns on momentum correction with factor `beta` (DGC section 3.2): the
+    /// codec compresses each rank's velocity, and the optimizer must then step without
+    /// momentum.
+    pub fn with_momentum_correction(mut self, beta: f32, nesterov: bool) -> Self {
+        self.momentum = (beta > 0.0).then_some(MomentumCorrection {
+            beta,
+            nesterov,
+            velocity: Vec::new(),
+        });
+        self
     }
 
     /// The strategy in use.
@@ -167,6 +210,9 @@ impl<T: Transport> GradientSync for CompressedSync<T> {
             epoch: self.step as f32 / self.steps_per_epoch as f32,
         };
         self.step += 1;
+        if let Some(m) = &mut self.momentum {
+            m.apply(grads);
+        }
         let raw = 4 * grads.len() as u64;
         let encoded = match self.strategy {
             SyncStrategy::Sparse => {
