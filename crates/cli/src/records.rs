@@ -83,14 +83,17 @@ pub struct RunRecord {
     pub steps_per_epoch: usize,
     /// Per-epoch records, in epoch order.
     pub epochs: Vec<EpochRecord>,
+    /// Momentum factor folded into the gradient before the codec (momentum correction),
+    /// when the run used it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum_correction: Option<f64>,
 }
 
 impl RunRecord {
-    /// Perplexity if the run recorded perplexity and no accuracy, else accuracy.
+    /// Perplexity if the run recorded it (a language model, which may also record its
+    /// next-token accuracy), else accuracy.
     pub fn metric(&self) -> Metric {
-        let acc = self.epochs.iter().any(|e| e.test_accuracy.is_some());
-        let ppl = self.epochs.iter().any(|e| e.val_perplexity.is_some());
-        if ppl && !acc {
+        if self.epochs.iter().any(|e| e.val_perplexity.is_some()) {
             Metric::Perplexity
         } else {
             Metric::Accuracy
@@ -210,6 +213,7 @@ pub(crate) mod tests {
             workers: 4,
             steps_per_epoch: 100,
             epochs,
+            momentum_correction: None,
         }
     }
 
@@ -262,5 +266,10 @@ pub(crate) mod tests {
         assert_eq!(run.total_comm_s(), 6.0);
         assert_eq!(run.metric(), Metric::Accuracy);
         assert_eq!(run.final_metric(Metric::Accuracy), Some(90.0));
+        // A language model records both; its report is about perplexity.
+        let mut lm = run.clone();
+        lm.epochs[1].val_perplexity = Some(7.5);
+        assert_eq!(lm.metric(), Metric::Perplexity);
+        assert_eq!(lm.final_metric(Metric::Perplexity), Some(7.5));
     }
 }

@@ -21,7 +21,7 @@ pub struct ReportArgs {
     dataset: Option<String>,
     /// Codecs to compare, comma-separated names or specs. A bare name takes the setting of
     /// its paper's headline result: topk = topk:ratio=0.01, qsgd = qsgd:bits=4,
-    /// dgc = dgc:ratio=0.001, threshold = threshold:tau=0.002, adaptive = adaptive:pi=0.01.
+    /// dgc = dgc:ratio=0.001, threshold = threshold:tau=0.005, adaptive = adaptive:pi=0.01.
     /// Specs with parameters may be listed too: `topk:ratio=0.001,qsgd:bits=2,bucket=128,dgc`
     /// (a `key=value` piece belongs to the codec before it).
     #[arg(
@@ -41,6 +41,10 @@ pub struct ReportArgs {
     /// The codec the differences are measured against.
     #[arg(long, default_value = "none")]
     baseline: String,
+    /// Keep the runs already in `--out` whose `run.json` has all `--epochs` epochs (to resume
+    /// an interrupted matrix, or to redo one codec after deleting its directory).
+    #[arg(long)]
+    resume: bool,
     /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
     #[arg(last = true)]
     train_args: Vec<String>,
@@ -52,7 +56,7 @@ pub fn preset(name: &str) -> String {
         "topk" => "topk:ratio=0.01".into(),
         "qsgd" => "qsgd:bits=4".into(),
         "dgc" => "dgc:ratio=0.001".into(),
-        "threshold" => "threshold:tau=0.002".into(),
+        "threshold" => "threshold:tau=0.005".into(),
         "adaptive" => "adaptive:pi=0.01".into(),
         other => other.into(),
     }
@@ -73,6 +77,18 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         let spec_parsed: gradwire_codec::CodecConfig =
             spec.parse().with_context(|| format!("codec '{spec}'"))?;
         let dir = args.out.join(sanitize(&spec_parsed.to_string()));
+        if args.resume {
+            if let Some(run) = finished_run(&dir, args.epochs) {
+                eprintln!(
+                    "gradwire report: [{}/{}] {spec_parsed}: kept the finished run in {}",
+                    i + 1,
+                    codecs.len(),
+                    dir.display()
+                );
+                runs.push(run);
+                continue;
+            }
+        }
         eprintln!(
             "gradwire report: [{}/{}] {spec_parsed}",
             i + 1,
@@ -123,6 +139,13 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     Ok(())
 }
 
+/// The run recorded in `dir`, if it finished all `epochs`.
+fn finished_run(dir: &std::path::Path, epochs: usize) -> Option<RunRecord> {
+    let text = std::fs::read_to_string(dir.join("run.json")).ok()?;
+    let run: RunRecord = serde_json::from_str(&text).ok()?;
+    (run.epochs.len() == epochs).then_some(run)
+}
+
 /// Splits a comma-separated codec list in which specs may carry their own `key=value`
 /// parameters: a piece with `=` but no `:` continues the spec before it.
 pub fn split_codecs(list: &str) -> Vec<String> {
@@ -154,6 +177,20 @@ fn sanitize(spec: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::tests::{sample_run, scratch_dir};
+
+    #[test]
+    fn resume_keeps_only_finished_runs() {
+        let dir = scratch_dir("resume");
+        assert!(finished_run(&dir, 3).is_none(), "no run.json yet");
+        let run = sample_run("topk:ratio=0.01", &[0.5, 0.6, 0.7], 1000);
+        std::fs::write(dir.join("run.json"), serde_json::to_string(&run).unwrap()).unwrap();
+        assert_eq!(finished_run(&dir, 3).map(|r| r.epochs.len()), Some(3));
+        assert!(finished_run(&dir, 5).is_none(), "a shorter run is redone");
+        std::fs::write(dir.join("run.json"), "{ truncated").unwrap();
+        assert!(finished_run(&dir, 3).is_none(), "a broken run.json is redone");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn codec_lists_keep_their_parameters() {

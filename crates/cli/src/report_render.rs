@@ -65,8 +65,10 @@ pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) 
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {diff} | {} | {:.1}× | {:.1} | {:.1} |",
+            "| {}{} | {} | {diff} | {} | {:.1}× | {:.1} | {:.1} |",
             escape(&run.codec),
+            run.momentum_correction
+                .map_or(String::new(), |b| format!(" (momentum correction {b})")),
             value.map_or("n/a".to_string(), |v| format!("{v:.2}")),
             human_bytes(run.bytes_per_step()),
             run.compression_ratio(),

@@ -377,6 +377,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         workers: world,
         steps_per_epoch: steps,
         epochs: Vec::new(),
+        momentum_correction: plan.momentum_correction.map(|(beta, _)| beta),
     };
     let mut last_acc = String::new();
     let mut total_bytes = 0u64;

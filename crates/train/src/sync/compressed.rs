@@ -267,3 +267,75 @@ impl<T: Transport> GradientSync for CompressedSync<T> {
         super::average_over_ranks(&mut self.transport, values)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gradwire_transport::local::Local;
+
+    /// With a lossless codec, momentum correction hands the optimizer exactly what SGD with
+    /// momentum would step along: the velocity of the averaged gradient (PyTorch's `buf`,
+    /// `g + beta buf` for Nesterov).
+    #[test]
+    fn momentum_correction_equals_optimizer_momentum() {
+        let grad = |rank: usize, step: usize| -> Vec<f32> {
+            (0..37)
+                .map(|i| ((i * 7 + rank * 13 + step * 29) % 17) as f32 - 8.0)
+                .collect()
+        };
+        for nesterov in [false, true] {
+            let beta = 0.875f32;
+            let got: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+                let hs: Vec<_> = Local::world(3)
+                    .into_iter()
+                    .map(|t| {
+                        s.spawn(move || {
+                            let rank = t.rank();
+                            let mut sync = CompressedSync::new(
+                                t,
+                                "none".parse().unwrap(),
+                                SyncStrategy::Gather,
+                                vec![37],
+                                1,
+                                10,
+                            )
+                            .with_momentum_correction(beta, nesterov);
+                            (0..5)
+                                .map(|step| {
+                                    let mut g = grad(rank, step);
+                                    sync.sync(&mut g).unwrap();
+                                    g
+                                })
+                                .collect()
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let mut buf = vec![0f32; 37];
+            for step in 0..5 {
+                let mean: Vec<f32> = (0..37)
+                    .map(|i| (0..3).map(|r| grad(r, step)[i]).sum::<f32>() / 3.0)
+                    .collect();
+                for (b, g) in buf.iter_mut().zip(&mean) {
+                    *b = beta * *b + g;
+                }
+                for rank in 0..3 {
+                    for i in 0..37 {
+                        let want = if nesterov {
+                            mean[i] + beta * buf[i]
+                        } else {
+                            buf[i]
+                        };
+                        let d = (got[rank][step][i] - want).abs();
+                        assert!(
+                            d <= 1e-4 * want.abs().max(1.0),
+                            "nesterov={nesterov} step {step} rank {rank} [{i}]: {} vs {want}",
+                            got[rank][step][i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
