@@ -118,6 +118,24 @@ pub fn plot_run(run: &RunRecord, out_dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(written)
 }
 
+/// A codec spec shortened for a chart: its name and the parameters that set its compression
+/// (`topk:ratio=0.01,select=sampled,...` gives `topk ratio=0.01`).
+fn short_label(spec: &str) -> String {
+    const KEEP: [&str; 6] = ["ratio", "bits", "levels", "tau", "pi", "rank"];
+    let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut out = name.to_string();
+    for kv in params.split(',') {
+        if KEEP
+            .iter()
+            .any(|k| kv.split_once('=').is_some_and(|(key, _)| key == *k))
+        {
+            out.push(' ');
+            out.push_str(kv);
+        }
+    }
+    out
+}
+
 /// Writes one chart to `out`: final accuracy (or perplexity) against bytes per step per
 /// worker (log x), one coloured, labelled point per codec.
 pub fn plot_comparison(runs: &[RunRecord], out: &Path) -> Result<()> {
@@ -128,10 +146,11 @@ pub fn plot_comparison(runs: &[RunRecord], out: &Path) -> Result<()> {
             continue;
         };
         let p = (run.bytes_per_step(), m);
-        match series.iter_mut().find(|s| s.name == run.codec) {
+        let name = short_label(&run.codec);
+        match series.iter_mut().find(|s| s.name == name) {
             Some(s) => s.points.push(p),
             None => series.push(Series {
-                name: run.codec.clone(),
+                name,
                 points: vec![p],
             }),
         }
@@ -333,6 +352,20 @@ pub fn human_bytes(b: f64) -> String {
 mod tests {
     use super::*;
     use crate::records::tests::{sample_run, scratch_dir};
+
+    #[test]
+    fn chart_labels_keep_the_compression_setting() {
+        assert_eq!(
+            short_label("topk:ratio=0.01,select=sampled,scope=global,values=fp32,ef=true"),
+            "topk ratio=0.01"
+        );
+        assert_eq!(
+            short_label("qsgd:bits=4,bucket=512,norm=max,coding=fixed,ef=false"),
+            "qsgd bits=4"
+        );
+        assert_eq!(short_label("none"), "none");
+        assert_eq!(short_label("terngrad:clip=2.5,ef=false"), "terngrad");
+    }
 
     const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 

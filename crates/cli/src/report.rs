@@ -188,7 +188,10 @@ mod tests {
         assert_eq!(finished_run(&dir, 3).map(|r| r.epochs.len()), Some(3));
         assert!(finished_run(&dir, 5).is_none(), "a shorter run is redone");
         std::fs::write(dir.join("run.json"), "{ truncated").unwrap();
-        assert!(finished_run(&dir, 3).is_none(), "a broken run.json is redone");
+        assert!(
+            finished_run(&dir, 3).is_none(),
+            "a broken run.json is redone"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -178,14 +178,23 @@ fn codecs_on_real_fashion_mnist_learn_and_agree() {
         };
         let out = run_world_with(4, &data, ModelKind::Mlp, config.clone(), Some((spec, mc)));
         for (p, _) in &out[1..] {
-            assert!(p == &out[0].0, "{spec}: ranks ended with different parameters");
+            assert!(
+                p == &out[0].0,
+                "{spec}: ranks ended with different parameters"
+            );
         }
         let losses = &out[0].1;
         assert_eq!(losses.len(), 60, "{spec}");
         let (first, last) = (mean(&losses[..10]), mean(&losses[50..]));
-        assert!(last < 0.8 * first, "{spec}: loss did not fall: {first} -> {last}");
+        assert!(
+            last < 0.8 * first,
+            "{spec}: loss did not fall: {first} -> {last}"
+        );
         let again = run_world_with(4, &data, ModelKind::Mlp, config, Some((spec, mc)));
-        assert!(again[0].0 == out[0].0, "{spec}: same seed gave different parameters");
+        assert!(
+            again[0].0 == out[0].0,
+            "{spec}: same seed gave different parameters"
+        );
     }
 }
 

@@ -2,7 +2,7 @@
 //! running mean of the all-reduce's outputs must converge to the true mean (the residuals stay
 //! bounded), the property that makes 1-bit SGD and the quantized ring train at all.
 
-use gradwire_codec::{BuildContext, Codec, CodecConfig};
+use gradwire_codec::{BuildContext, CodecConfig};
 use rand::{Rng, SeedableRng};
 
 use super::{local_world, run_world};

@@ -312,7 +312,7 @@ mod tests {
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
-            let mut buf = vec![0f32; 37];
+            let mut buf = [0f32; 37];
             for step in 0..5 {
                 let mean: Vec<f32> = (0..37)
                     .map(|i| (0..3).map(|r| grad(r, step)[i]).sum::<f32>() / 3.0)
@@ -320,18 +320,16 @@ mod tests {
                 for (b, g) in buf.iter_mut().zip(&mean) {
                     *b = beta * *b + g;
                 }
-                for rank in 0..3 {
-                    for i in 0..37 {
+                for (rank, steps) in got.iter().enumerate() {
+                    for (i, &v) in steps[step].iter().enumerate() {
                         let want = if nesterov {
                             mean[i] + beta * buf[i]
                         } else {
                             buf[i]
                         };
-                        let d = (got[rank][step][i] - want).abs();
                         assert!(
-                            d <= 1e-4 * want.abs().max(1.0),
-                            "nesterov={nesterov} step {step} rank {rank} [{i}]: {} vs {want}",
-                            got[rank][step][i]
+                            (v - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "nesterov={nesterov} step {step} rank {rank} [{i}]: {v} vs {want}"
                         );
                     }
                 }
