@@ -133,6 +133,9 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
     }
 
     fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
+        // Most codecs need no shared scalars whatever the input: answer without building
+        // `grad + residual`, a full copy of the gradient, on every step.
+        self.inner.local_scalars(&[])?;
         if self.residual.len() != grad.len() {
             return self.inner.local_scalars(grad);
         }
