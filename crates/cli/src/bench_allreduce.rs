@@ -83,6 +83,9 @@ pub struct Report {
     pub algo: String,
     /// One entry per size.
     pub results: Vec<SizeResult>,
+    /// The version, revision and command that made the report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<crate::records::Provenance>,
 }
 
 /// The timing of one size.
@@ -101,9 +104,12 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
     if args.sizes.iter().any(|&s| s < 4) {
         bail!("every size must be at least 4 bytes (one f32)");
     }
-    let under_launcher = std::env::var_os("GRADWIRE_RANK").is_some();
-    if args.worker || (under_launcher && args.transport == TransportKind::Tcp) {
-        let mut t = crate::world::join_from_env()?;
+    let launched = crate::world::detect()?;
+    if args.worker || (launched.is_some() && args.transport == TransportKind::Tcp) {
+        let mut t = match &launched {
+            Some(l) => crate::world::join(l)?,
+            None => crate::world::join_from_env()?,
+        };
         let report = measure(&mut t, args)?;
         if t.rank() == 0 {
             if args.worker {
@@ -181,7 +187,10 @@ fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
         .rev()
         .find(|l| l.starts_with('{'))
         .context("rank 0 printed no result")?;
-    serde_json::from_str(line).context("parsing rank 0's result")
+    let mut report: Report = serde_json::from_str(line).context("parsing rank 0's result")?;
+    // The command that made the report is this one, not the workers'.
+    report.provenance = Some(crate::records::Provenance::current());
+    Ok(report)
 }
 
 fn finish(report: &Report, args: &AllreduceBenchArgs) -> Result<()> {
@@ -278,5 +287,6 @@ fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Resul
         np,
         algo: args.algo.to_string(),
         results,
+        provenance: Some(crate::records::Provenance::current()),
     })
 }

@@ -22,7 +22,8 @@ pub struct LaunchArgs {
     /// Deadline in seconds for every blocking call of the ranks (GRADWIRE_TIMEOUT).
     #[arg(long)]
     timeout: Option<f64>,
-    /// Do not prefix output lines with the rank.
+    /// Do not prefix output lines with the rank: every rank's output passes through
+    /// untouched (interleaved as the ranks write it).
     #[arg(long)]
     no_prefix: bool,
     /// The command each rank runs, after `--`.
@@ -80,24 +81,45 @@ pub struct Outcome {
     pub failure: Option<(usize, ExitStatus)>,
 }
 
-/// Starts the ranks with prefixed output (`prefix`), or with rank 0's stdout captured
-/// into [`Ranks::captured`] and the other ranks' stdout discarded (`!prefix`).
+/// What happens to the ranks' output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// Every line of every rank, prefixed with `[rank]`.
+    Prefixed,
+    /// Every rank's output passed through untouched (`launch --no-prefix`).
+    Inherit,
+    /// Rank 0's output passed through (its progress bar included), the other ranks'
+    /// standard output discarded (`train`, where only rank 0 reports).
+    Rank0,
+    /// Rank 0's standard output captured into [`Ranks::captured`], the others' discarded.
+    CaptureRank0,
+}
+
+/// Starts the ranks with prefixed output (`prefix`), or with every rank's output passed
+/// through untouched (`!prefix`).
 pub fn spawn(spec: &RankSpec, prefix: bool) -> Result<Ranks> {
-    spawn_inner(spec, prefix, false)
+    spawn_inner(
+        spec,
+        if prefix {
+            Output::Prefixed
+        } else {
+            Output::Inherit
+        },
+    )
 }
 
 /// Like [`spawn`] but captures rank 0's standard output (for `bench`).
 pub fn spawn_capturing(spec: &RankSpec) -> Result<Ranks> {
-    spawn_inner(spec, false, true)
+    spawn_inner(spec, Output::CaptureRank0)
 }
 
 /// Starts the ranks with rank 0's output passed through untouched (its progress bar
 /// included) and the other ranks' standard output discarded (`train`).
 pub fn spawn_quiet(spec: &RankSpec) -> Result<Ranks> {
-    spawn_inner(spec, false, false)
+    spawn_inner(spec, Output::Rank0)
 }
 
-fn spawn_inner(spec: &RankSpec, prefix: bool, capture: bool) -> Result<Ranks> {
+fn spawn_inner(spec: &RankSpec, output: Output) -> Result<Ranks> {
     let master = match spec.master {
         Some(m) => m,
         None => free_loopback_port()?,
@@ -114,6 +136,7 @@ fn spawn_inner(spec: &RankSpec, prefix: bool, capture: bool) -> Result<Ranks> {
             .env("GRADWIRE_RANK", rank.to_string())
             .env("GRADWIRE_WORLD_SIZE", spec.np.to_string())
             .env("GRADWIRE_LOCAL_RANK", rank.to_string())
+            .env("GRADWIRE_LOCAL_SIZE", spec.np.to_string())
             .env("GRADWIRE_MASTER_ADDR", master.ip().to_string())
             .env("GRADWIRE_MASTER_PORT", master.port().to_string())
             .env("GRADWIRE_TOKEN", &token)
@@ -121,10 +144,11 @@ fn spawn_inner(spec: &RankSpec, prefix: bool, capture: bool) -> Result<Ranks> {
         if let Some(t) = spec.timeout {
             cmd.env("GRADWIRE_TIMEOUT", t.to_string());
         }
-        let capture_this = capture && rank == 0;
+        let capture_this = output == Output::CaptureRank0 && rank == 0;
+        let prefix = output == Output::Prefixed;
         if prefix || capture_this {
             cmd.stdout(Stdio::piped());
-        } else if rank > 0 {
+        } else if rank > 0 && output != Output::Inherit {
             cmd.stdout(Stdio::null());
         }
         if prefix {

@@ -68,6 +68,37 @@ pub fn common_metric(runs: &[RunRecord]) -> Metric {
     }
 }
 
+/// Which code and command made a record.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Provenance {
+    /// gradwire's version.
+    pub version: String,
+    /// The git revision the binary was built from (`-dirty` with uncommitted changes).
+    pub git_rev: String,
+    /// The command line, as given.
+    pub command: String,
+}
+
+impl Provenance {
+    /// This process: its version, revision and command line.
+    pub fn current() -> Provenance {
+        Provenance {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            git_rev: env!("GRADWIRE_GIT_REV").to_string(),
+            command: std::env::args()
+                .map(|a| {
+                    if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'') {
+                        format!("'{}'", a.replace('\'', "'\\''"))
+                    } else {
+                        a
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+}
+
 /// A whole run: its setup and every epoch, in order.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct RunRecord {
@@ -87,6 +118,9 @@ pub struct RunRecord {
     /// when the run used it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub momentum_correction: Option<f64>,
+    /// The version, revision and command that made the run (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
 }
 
 impl RunRecord {
@@ -214,6 +248,7 @@ pub(crate) mod tests {
             steps_per_epoch: 100,
             epochs,
             momentum_correction: None,
+            provenance: None,
         }
     }
 

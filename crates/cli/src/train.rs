@@ -14,8 +14,8 @@ use clap::Args;
 use gradwire_codec::{CodecConfig, CodecId};
 use gradwire_train::data::{default_data_dir, DatasetKind};
 use gradwire_train::{
-    CompressedSync, DenseSync, EpochStats, GradientSync, ModelKind, OptimizerConfig, StepInfo,
-    SyncStrategy, TrainConfig, Trainer,
+    CompressedSync, DenseSync, EpochStats, GradientSync, ModelKind, OptimizerConfig,
+    OptimizerKind, StepInfo, SyncStrategy, TrainConfig, Trainer,
 };
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
@@ -26,35 +26,57 @@ use crate::launch::{describe, spawn_quiet, RankSpec};
 use crate::plot::human_bytes;
 use crate::records::{append_jsonl, EpochRecord, RunRecord};
 
+/// Momentum correction mode (`--momentum-correction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MomentumMode {
+    /// On for every codec when the optimizer is SGD with momentum (DGC owns its momentum).
+    #[default]
+    Auto,
+    /// On (same rule as auto).
+    On,
+    /// Momentum applied by the optimizer after decompression.
+    Off,
+}
+
 /// Arguments of `gradwire train` (each may also come from `--config FILE.toml`, same keys).
+/// Values are parsed here, at the edge: a bad one is refused with the allowed values.
 #[derive(Args, Debug, Clone, Default)]
 pub struct TrainArgs {
     /// TOML file with any of these settings (flags given on the command line win).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model: mlp, lenet, resnet, lstm.
+    /// Model: mlp, lenet, resnet, lstm [default: lenet].
     #[arg(long)]
-    pub model: Option<String>,
-    /// Data set: fashion-mnist, mnist, shakespeare, cifar10.
+    pub model: Option<ModelKind>,
+    /// Data set: fashion-mnist, mnist, shakespeare, cifar10 [default: fashion-mnist, or
+    /// shakespeare for lstm].
     #[arg(long)]
-    pub dataset: Option<String>,
-    /// Number of worker processes (data-parallel ranks) to start.
+    pub dataset: Option<DatasetKind>,
+    /// Number of worker processes (data-parallel ranks) to start [default: 1]. Under a
+    /// launcher (gradwire launch, mpirun, srun, torchrun) the launcher's world size is used.
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Gradient codec spec, e.g. none, fp16, onebit, topk:ratio=0.01, qsgd:bits=4, dgc:ratio=0.001.
+    /// Gradient codec spec, e.g. none, fp16, onebit, topk:ratio=0.01, qsgd:bits=4,
+    /// dgc:ratio=0.001 [default: none].
     #[arg(long)]
-    pub codec: Option<String>,
-    /// How compressed gradients are reduced: auto, gather, quantized, sparse.
+    pub codec: Option<CodecConfig>,
+    /// How compressed gradients are reduced: auto, gather, quantized, sparse [default: auto].
     #[arg(long)]
-    pub sync: Option<String>,
+    pub sync: Option<SyncStrategy>,
     /// Momentum correction (DGC, section 3.2): each worker folds SGD's momentum into its
     /// gradient before the codec, and the optimizer steps without momentum. `auto` (and `on`)
     /// use it for every codec when the optimizer is SGD with momentum (it fixed the biased
     /// codecs and helped the unbiased ones: QSGD-4 and TernGrad gained 1.3 and 2.2 points on
     /// LeNet); DGC always owns its momentum. `off` applies momentum after decompression.
-    #[arg(long, value_name = "auto|on|off")]
-    pub momentum_correction: Option<String>,
-    /// Epochs to train.
+    #[arg(long, value_enum)]
+    pub momentum_correction: Option<MomentumMode>,
+    /// Run DGC under an adaptive optimizer (Adam, Adagrad) anyway. Refused by default: the
+    /// per-coordinate normalisation turns DGC's accumulated sparse update into one ordinary
+    /// step, losing the accumulation (the char-LSTM report measured +71% perplexity).
+    #[arg(long)]
+    pub allow_dgc_adaptive: bool,
+    /// Epochs to train [default: 1].
     #[arg(long)]
     pub epochs: Option<usize>,
     /// Base learning rate (overrides the optimizer spec's).
@@ -62,11 +84,12 @@ pub struct TrainArgs {
     pub lr: Option<f64>,
     /// Optimizer spec, e.g. `sgd:lr=0.05,momentum=0.9` or `adam:lr=1e-3` (default per model).
     #[arg(long)]
-    pub optimizer: Option<String>,
-    /// Samples per step on each worker.
+    pub optimizer: Option<OptimizerConfig>,
+    /// Samples per step on each worker [default: 64, or 32 for lstm].
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Seed of initialization, shuffles and stochastic codecs (a run repeats exactly).
+    /// Seed of initialization, shuffles and stochastic codecs (a run repeats exactly)
+    /// [default: 42].
     #[arg(long)]
     pub seed: Option<u64>,
     /// Cap on steps per epoch (for short runs).
@@ -75,13 +98,13 @@ pub struct TrainArgs {
     /// Cap on held-out samples evaluated per epoch.
     #[arg(long)]
     pub eval_limit: Option<usize>,
-    /// Characters per training sequence (language models).
+    /// Characters per training sequence (language models) [default: 64].
     #[arg(long)]
     pub seq_len: Option<usize>,
-    /// Compute threads per worker (default: the cores divided among the workers).
+    /// Compute threads per worker (default: the host's cores divided among the ranks on it).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Where the data sets are (default: ./data, or GRADWIRE_DATA).
+    /// Where the data sets are (default: $GRADWIRE_DATA, else ./data).
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Append each epoch's JSON line to this file.
@@ -101,7 +124,7 @@ pub struct TrainArgs {
     pub worker: bool,
 }
 
-/// The same settings as read from a TOML file.
+/// The same settings as read from a TOML file (parsed with the same rules as the flags).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TrainFile {
@@ -110,7 +133,8 @@ struct TrainFile {
     workers: Option<usize>,
     codec: Option<String>,
     sync: Option<String>,
-    momentum_correction: Option<String>,
+    momentum_correction: Option<MomentumMode>,
+    allow_dgc_adaptive: Option<bool>,
     epochs: Option<usize>,
     lr: Option<f64>,
     optimizer: Option<String>,
@@ -123,6 +147,19 @@ struct TrainFile {
     data: Option<PathBuf>,
     json: Option<PathBuf>,
     out: Option<PathBuf>,
+}
+
+/// Parses one string setting of the TOML file, naming the file and key on error.
+fn from_file<T>(file: &str, key: &str, v: Option<String>) -> Result<Option<T>>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    v.map(|s| {
+        s.parse::<T>()
+            .map_err(|e| anyhow::anyhow!("{file}: {key} = {s:?}: {e}"))
+    })
+    .transpose()
 }
 
 /// Validated settings of a run.
@@ -154,10 +191,29 @@ pub struct Plan {
     pub out: PathBuf,
 }
 
+/// What the environment says about where this process runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Host {
+    /// Cores of this host.
+    pub cores: usize,
+    /// Under a launcher: its world size and the ranks on this host.
+    pub launched: Option<(usize, usize)>,
+}
+
+impl Host {
+    /// This process's host, with the launcher detected from the environment.
+    pub fn detect(launched: Option<&crate::world::Launched>) -> Host {
+        Host {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            launched: launched.map(|l| (l.config.world_size, l.local_size)),
+        }
+    }
+}
+
 impl TrainArgs {
     /// Merges the TOML file (if any) under the flags and validates everything before any
     /// thread or process starts.
-    pub fn plan(&self) -> Result<Plan> {
+    pub fn plan(&self, host: Host) -> Result<Plan> {
         let file: TrainFile = match &self.config {
             Some(p) => toml::from_str(
                 &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
@@ -165,21 +221,54 @@ impl TrainArgs {
             .with_context(|| format!("parsing {}", p.display()))?,
             None => TrainFile::default(),
         };
-        let model: ModelKind = pick(&self.model, file.model, "lenet").parse()?;
-        let default_data = if model.is_language_model() {
-            "shakespeare"
-        } else {
-            "fashion-mnist"
+        let name = self
+            .config
+            .as_ref()
+            .map_or(String::new(), |p| p.display().to_string());
+        self.merge(file, &name, host)
+    }
+
+    /// Flags over the file's settings over the defaults.
+    fn merge(&self, file: TrainFile, name: &str, host: Host) -> Result<Plan> {
+        let model = match self.model {
+            Some(m) => m,
+            None => from_file(name, "model", file.model)?.unwrap_or(ModelKind::LeNet),
         };
-        let dataset: DatasetKind = pick(&self.dataset, file.dataset, default_data).parse()?;
-        let workers = self.workers.or(file.workers).unwrap_or(1);
-        if workers == 0 || workers > 64 {
+        let dataset = match self.dataset {
+            Some(d) => d,
+            None => from_file(name, "dataset", file.dataset)?.unwrap_or(
+                if model.is_language_model() {
+                    DatasetKind::Shakespeare
+                } else {
+                    DatasetKind::FashionMnist
+                },
+            ),
+        };
+        let asked = self.workers.or(file.workers);
+        let workers = match host.launched {
+            Some((world, _)) => {
+                if let Some(w) = asked.filter(|&w| w != world) {
+                    tracing::warn!(
+                        "--workers {w} ignored: the launcher started {world} ranks"
+                    );
+                }
+                world
+            }
+            None => asked.unwrap_or(1),
+        };
+        if workers == 0 || (host.launched.is_none() && workers > 64) {
             bail!("--workers must be between 1 and 64");
         }
-        let codec: CodecConfig = pick(&self.codec, file.codec, "none")
-            .parse()
-            .context("--codec")?;
-        let sync: SyncStrategy = pick(&self.sync, file.sync, "auto").parse()?;
+        let codec = match &self.codec {
+            Some(c) => c.clone(),
+            None => from_file(name, "codec", file.codec)?.unwrap_or(CodecConfig::None(
+                gradwire_codec::CastConfig::default(),
+            )),
+        };
+        let sync = match self.sync {
+            Some(s) => s,
+            None => from_file(name, "sync", file.sync)?.unwrap_or_default(),
+        };
         let epochs = self.epochs.or(file.epochs).unwrap_or(1);
         let batch = self
             .batch
@@ -188,20 +277,41 @@ impl TrainArgs {
         if batch == 0 || epochs == 0 {
             bail!("--batch and --epochs must be positive");
         }
-        let mut optimizer: OptimizerConfig = match self.optimizer.clone().or(file.optimizer) {
-            Some(spec) => spec.parse().context("--optimizer")?,
-            None => default_optimizer(model),
+        let mut optimizer = match &self.optimizer {
+            Some(o) => o.clone(),
+            None => from_file(name, "optimizer", file.optimizer)?
+                .unwrap_or_else(|| default_optimizer(model)),
         };
         if let Some(lr) = self.lr.or(file.lr) {
             optimizer.lr = lr;
         }
-        let correct =
-            match pick(&self.momentum_correction, file.momentum_correction, "auto").as_str() {
-                "auto" | "on" => true,
-                "off" => false,
-                other => bail!("--momentum-correction must be auto, on or off, not '{other}'"),
-            };
+        let correct = self
+            .momentum_correction
+            .or(file.momentum_correction)
+            .unwrap_or_default()
+            != MomentumMode::Off;
         let mut momentum_correction = None;
+        let allow_adaptive = self.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true);
+        if codec.id() == CodecId::Dgc
+            && !matches!(optimizer.kind, OptimizerKind::Sgd { .. })
+            && !allow_adaptive
+        {
+            bail!(
+                "DGC needs SGD: under {optimizer} the per-coordinate normalisation turns DGC's \
+                 accumulated sparse update into one ordinary step and the accumulation is lost \
+                 (the char-LSTM report measured +71% perplexity); use --optimizer sgd:... or \
+                 pass --allow-dgc-adaptive to run it anyway"
+            );
+        }
+        if self.momentum_correction.or(file.momentum_correction) == Some(MomentumMode::On)
+            && codec.id() != CodecId::Dgc
+            && optimizer.sgd_momentum().is_none()
+        {
+            bail!(
+                "--momentum-correction on needs SGD with momentum > 0 to take the momentum \
+                 from, and the optimizer is {optimizer}"
+            );
+        }
         if codec.id() == CodecId::Dgc {
             // DGC owns momentum (momentum correction): the optimizer step is plain SGD.
             optimizer = optimizer.without_momentum();
@@ -210,11 +320,11 @@ impl TrainArgs {
             optimizer = optimizer.without_momentum();
         }
         optimizer.validate()?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let local = host.launched.map_or(workers, |(_, local)| local);
         let threads = self
             .threads
             .or(file.threads)
-            .unwrap_or((cores / workers).max(1));
+            .unwrap_or((host.cores / local.max(1)).max(1));
         let train = TrainConfig {
             batch_size: batch,
             epochs,
@@ -253,10 +363,6 @@ impl TrainArgs {
     }
 }
 
-fn pick(flag: &Option<String>, file: Option<String>, default: &str) -> String {
-    flag.clone().or(file).unwrap_or_else(|| default.to_string())
-}
-
 /// The optimizer a model trains well with here.
 fn default_optimizer(model: ModelKind) -> OptimizerConfig {
     match model {
@@ -271,11 +377,14 @@ fn default_optimizer(model: ModelKind) -> OptimizerConfig {
 
 /// Runs `gradwire train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let plan = args.plan()?;
-    let under_launcher = gradwire_transport::env::tcp_config_from_env()?.is_some();
-    if args.worker || under_launcher {
-        let t = crate::world::join_from_env()?;
+    let launched = crate::world::detect()?;
+    let plan = args.plan(Host::detect(launched.as_ref()))?;
+    if let Some(l) = &launched {
+        let t = crate::world::join(l)?;
         return run_rank(t, &plan, args.quiet);
+    }
+    if args.worker {
+        bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
     }
     if plan.workers == 1 || args.threads_as_workers {
         let mut world = Local::world(plan.workers);
@@ -371,6 +480,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         steps_per_epoch: steps,
         epochs: Vec::new(),
         momentum_correction: plan.momentum_correction.map(|(beta, _)| beta),
+        provenance: Some(crate::records::Provenance::current()),
     };
     let mut last_acc = String::new();
     let mut total_bytes = 0u64;
@@ -455,7 +565,11 @@ pub fn write_run(run: &RunRecord, out: &Path) -> Result<()> {
         serde_json::to_string_pretty(run)? + "\n",
     )
     .with_context(|| format!("writing {}", out.join("run.json").display()))?;
-    crate::plot::plot_run(run, out)?;
+    // Plots are best-effort: a missing font or an unwritable image warns, the run stands.
+    if let Err(e) = crate::plot::plot_run(run, out) {
+        tracing::warn!("plots of {} not drawn: {e:#}", out.display());
+        eprintln!("gradwire train: warning: plots not drawn ({e:#}); run.json is written");
+    }
     Ok(())
 }
 
@@ -468,4 +582,127 @@ fn progress_bar(steps: usize, epoch: usize, epochs: usize) -> ProgressBar {
     );
     bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    fn args(flags: &[&str]) -> std::result::Result<TrainArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("train").chain(flags.iter().copied())).map(|c| c.args)
+    }
+
+    const ALONE: Host = Host {
+        cores: 8,
+        launched: None,
+    };
+
+    fn file(toml_text: &str) -> TrainFile {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[test]
+    fn bad_values_are_refused_at_the_edge_with_the_allowed_ones() {
+        let e = args(&["--model", "vgg"]).unwrap_err().to_string();
+        assert!(e.contains("mlp|lenet|resnet|lstm"), "{e}");
+        let e = args(&["--codec", "zip"]).unwrap_err().to_string();
+        assert!(e.contains("topk") && e.contains("qsgd"), "{e}");
+        let e = args(&["--sync", "fast"]).unwrap_err().to_string();
+        assert!(e.contains("gather") && e.contains("sparse"), "{e}");
+        let e = args(&["--momentum-correction", "maybe"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("auto") && e.contains("off"), "{e}");
+        let e = args(&["--dataset", "imagenet"]).unwrap_err().to_string();
+        assert!(e.contains("fashion-mnist"), "{e}");
+        assert!(args(&["--optimizer", "rmsprop"]).is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_file_which_wins_over_defaults() {
+        let a = args(&["--codec", "topk:ratio=0.01", "--epochs", "3"]).unwrap();
+        let f = file("codec = \"qsgd:bits=4\"\nepochs = 7\nbatch = 16\nmodel = \"mlp\"\n");
+        let p = a.merge(f, "run.toml", ALONE).unwrap();
+        assert_eq!(p.codec.to_string(), "topk:ratio=0.01".parse::<CodecConfig>().unwrap().to_string());
+        assert_eq!(p.train.epochs, 3);
+        assert_eq!(p.train.batch_size, 16);
+        assert_eq!(p.model, ModelKind::Mlp);
+        assert_eq!(p.dataset, DatasetKind::FashionMnist);
+        // Defaults.
+        let p = args(&[]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        assert_eq!((p.model, p.workers, p.train.epochs, p.train.batch_size), (ModelKind::LeNet, 1, 1, 64));
+        assert_eq!(p.codec.id(), CodecId::None);
+        assert_eq!(p.data, default_data_dir());
+        let p = args(&["--model", "lstm"]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        assert_eq!((p.dataset, p.train.batch_size), (DatasetKind::Shakespeare, 32));
+    }
+
+    #[test]
+    fn a_bad_file_value_names_the_file_and_key() {
+        let e = args(&[])
+            .unwrap()
+            .merge(file("model = \"vgg\"\n"), "run.toml", ALONE)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run.toml") && e.contains("model") && e.contains("lenet"), "{e}");
+        assert!(toml::from_str::<TrainFile>("modle = \"mlp\"\n").is_err());
+    }
+
+    #[test]
+    fn momentum_correction_moves_momentum_out_of_the_optimizer() {
+        let p = args(&["--codec", "qsgd"]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        assert_eq!(p.momentum_correction, Some((0.9, false)));
+        assert_eq!(p.train.optimizer.sgd_momentum(), None);
+        let p = args(&["--codec", "qsgd", "--momentum-correction", "off"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert_eq!(p.momentum_correction, None);
+        assert_eq!(p.train.optimizer.sgd_momentum(), Some((0.9, false)));
+        let p = args(&[]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        assert_eq!(p.momentum_correction, None, "dense keeps the optimizer's momentum");
+        let e = args(&["--codec", "qsgd", "--momentum-correction", "on", "--optimizer", "adam"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("momentum"), "{e}");
+    }
+
+    #[test]
+    fn dgc_under_an_adaptive_optimizer_is_refused_unless_allowed() {
+        let e = args(&["--codec", "dgc", "--optimizer", "adam:lr=0.001"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DGC needs SGD") && e.contains("--allow-dgc-adaptive"), "{e}");
+        assert!(args(&["--codec", "dgc", "--optimizer", "adam", "--allow-dgc-adaptive"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .is_ok());
+        assert!(args(&["--codec", "dgc"]).unwrap().merge(TrainFile::default(), "", ALONE).is_ok());
+    }
+
+    #[test]
+    fn a_launcher_sets_the_world_and_threads_follow_the_ranks_on_the_host() {
+        let launched = Host {
+            cores: 8,
+            launched: Some((16, 4)),
+        };
+        let p = args(&["--workers", "2"]).unwrap().merge(TrainFile::default(), "", launched).unwrap();
+        assert_eq!((p.workers, p.threads), (16, 2));
+        let p = args(&["--workers", "4"]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        assert_eq!((p.workers, p.threads), (4, 2));
+        let p = args(&["--threads", "3"]).unwrap().merge(TrainFile::default(), "", launched).unwrap();
+        assert_eq!(p.threads, 3);
+        assert!(args(&["--workers", "0"]).unwrap().merge(TrainFile::default(), "", ALONE).is_err());
+    }
 }

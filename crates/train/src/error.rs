@@ -23,7 +23,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A CIFAR-10 file is absent (no registry carries CIFAR-10, so the script cannot fetch it).
-    #[error("CIFAR-10 file {path} not found: CIFAR-10 is not in any package registry; download the binary version (cifar-10-binary.tar.gz) yourself and point --data-dir at its cifar-10-batches-bin folder")]
+    #[error("CIFAR-10 file {path} not found: CIFAR-10 is not in any package registry; download the binary version (cifar-10-binary.tar.gz) yourself and point --data at its cifar-10-batches-bin folder")]
     MissingCifar {
         /// The file that was looked for.
         path: PathBuf,

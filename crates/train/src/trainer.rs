@@ -16,8 +16,13 @@ use crate::sync::{GradientSync, SyncStats};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EvalMode {
-    /// Rank 0 only (parameters are identical on every rank); the others report `None`.
+    /// Every rank evaluates every `world`-th sample (rank `r` takes samples `r, r + world,
+    /// ...`) and the sums are reduced over the ranks, so every rank reports the whole
+    /// split's figures and none waits idle on the others.
     #[default]
+    Sharded,
+    /// Rank 0 only (parameters are identical on every rank); the others report `None` and
+    /// wait for rank 0 at their next collective.
     Rank0,
     /// Every rank.
     All,
@@ -240,14 +245,14 @@ impl<S: GradientSync> Trainer<S> {
         }
         let mut mean_loss = [loss_sum / steps as f64];
         self.sync.average_metrics(&mut mean_loss)?;
-        let evaluate = match self.config.eval {
-            EvalMode::All => true,
-            EvalMode::Rank0 => rank == 0,
-            EvalMode::Off => false,
+        let eval = match self.config.eval {
+            EvalMode::All => Some(self.evaluate(&data.test)?),
+            EvalMode::Rank0 if rank == 0 => Some(self.evaluate(&data.test)?),
+            EvalMode::Rank0 | EvalMode::Off => None,
+            EvalMode::Sharded => Some(self.evaluate_sharded(&data.test)?),
         };
         let (mut test_accuracy, mut val_perplexity) = (None, None);
-        if evaluate {
-            let e = self.evaluate(&data.test)?;
+        if let Some(e) = eval {
             test_accuracy = Some(e.accuracy());
             if self.model.kind().is_language_model() {
                 val_perplexity = Some(e.perplexity());
@@ -292,6 +297,29 @@ impl<S: GradientSync> Trainer<S> {
             self.config.eval_batch_size,
             self.config.eval_limit,
         )
+    }
+
+    /// Evaluates this rank's share of `split` (samples `rank, rank + world, ...` of the
+    /// first `eval_limit`) and sums the results over the ranks.
+    pub fn evaluate_sharded(&mut self, split: &Split) -> Result<Eval> {
+        let (rank, world) = (self.sync.rank(), self.sync.world_size());
+        let n = self
+            .config
+            .eval_limit
+            .map_or(split.len(), |l| l.min(split.len()));
+        let idx: Vec<usize> = (rank..n).step_by(world.max(1)).collect();
+        let mut mine = Eval::default();
+        for chunk in idx.chunks(self.config.eval_batch_size.max(1)) {
+            mine.merge(&self.model.evaluate(&split.batch(chunk))?);
+        }
+        let mut sums = [mine.loss_sum, mine.correct as f64, mine.n as f64];
+        self.sync.average_metrics(&mut sums)?;
+        let w = world as f64;
+        Ok(Eval {
+            loss_sum: sums[0] * w,
+            correct: (sums[1] * w).round() as u64,
+            n: (sums[2] * w).round() as u64,
+        })
     }
 
     /// Gives back the model and the sync.

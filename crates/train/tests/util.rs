@@ -39,11 +39,24 @@ pub const FMNIST: DataShape = DataShape::Image {
     classes: 10,
 };
 
-/// Loads a real data set, or prints why the test is skipped and returns `None`.
+/// Where the tests look for the fetched data sets: `$GRADWIRE_DATA`, else `data/` at the
+/// workspace root (tests run from the crate's folder).
+pub fn data_dir() -> std::path::PathBuf {
+    std::env::var_os("GRADWIRE_DATA").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
+        Into::into,
+    )
+}
+
+/// Loads a real data set, or prints why the test is skipped and returns `None`. With
+/// `GRADWIRE_REQUIRE_DATA=1` (as CI sets) a missing data set fails the test instead.
 pub fn real_data(kind: DatasetKind, seq_len: usize) -> Option<Dataset> {
-    match kind.load(&gradwire_train::data::default_data_dir(), seq_len) {
+    match kind.load(&data_dir(), seq_len) {
         Ok(d) => Some(d),
         Err(e) => {
+            if std::env::var("GRADWIRE_REQUIRE_DATA").is_ok_and(|v| v == "1") {
+                panic!("{kind} data required (GRADWIRE_REQUIRE_DATA=1) but not available: {e}");
+            }
             eprintln!("SKIPPED: {kind} data not available ({e}); run scripts/fetch-data.sh");
             None
         }

@@ -122,6 +122,27 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
         })
 }
 
+/// How many ranks of the job run on this host, as the launcher tells it:
+/// `GRADWIRE_LOCAL_SIZE` (`gradwire launch`), `LOCAL_WORLD_SIZE` (torchrun),
+/// `OMPI_COMM_WORLD_LOCAL_SIZE` (Open MPI), `SLURM_STEP_TASKS_PER_NODE` or
+/// `SLURM_NTASKS_PER_NODE` (Slurm; `4(x2)` and `4,2` read as 4). `None` when none is set
+/// or a value is not a positive integer.
+pub fn local_size_from(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    [
+        "GRADWIRE_LOCAL_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|k| {
+        let v = get(k)?;
+        let head: String = v.trim().chars().take_while(char::is_ascii_digit).collect();
+        head.parse().ok().filter(|&n: &usize| n > 0)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +201,24 @@ mod tests {
             (5, 8, Duration::from_millis(2500), Launcher::Slurm)
         );
         assert!(cfg(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn local_size_from_each_launcher() {
+        let get = |vars: &[(&str, &str)]| {
+            let m: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            local_size_from(|k| m.get(k).cloned())
+        };
+        assert_eq!(get(&[("GRADWIRE_LOCAL_SIZE", "4")]), Some(4));
+        assert_eq!(get(&[("LOCAL_WORLD_SIZE", "2")]), Some(2));
+        assert_eq!(get(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "3")]), Some(3));
+        assert_eq!(get(&[("SLURM_STEP_TASKS_PER_NODE", "4(x2)")]), Some(4));
+        assert_eq!(get(&[("SLURM_NTASKS_PER_NODE", "8,2")]), Some(8));
+        assert_eq!(get(&[("LOCAL_WORLD_SIZE", "0")]), None);
+        assert_eq!(get(&[]), None);
     }
 
     #[test]

@@ -232,17 +232,10 @@ impl FromStr for DatasetKind {
     }
 }
 
-/// The folder the data sets live in: `$GRADWIRE_DATA` if set, else `data/` at the workspace
-/// root when it exists, else `./data`.
+/// The folder the data sets live in: `$GRADWIRE_DATA` if set, else `./data` (relative to
+/// the working directory, never to the source tree the binary was built from).
 pub fn default_data_dir() -> std::path::PathBuf {
-    if let Some(d) = std::env::var_os("GRADWIRE_DATA") {
-        return d.into();
-    }
-    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data");
-    if ws.is_dir() {
-        return ws;
-    }
-    "data".into()
+    std::env::var_os("GRADWIRE_DATA").map_or_else(|| "data".into(), Into::into)
 }
 
 #[cfg(test)]

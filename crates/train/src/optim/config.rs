@@ -34,6 +34,14 @@ pub enum OptimizerKind {
         /// Decoupled weight decay (AdamW) instead of L2 added to the gradient.
         decoupled: bool,
     },
+    /// Adagrad (Duchi et al. 2011), as DistBelief's Downpour uses it and as PyTorch computes
+    /// it: `sum += g^2; p -= lr * g / (sqrt(sum) + eps)`, per coordinate.
+    Adagrad {
+        /// Denominator epsilon (PyTorch's default 1e-10).
+        eps: f64,
+        /// Starting value of every accumulator (PyTorch's `initial_accumulator_value`, 0).
+        initial_accumulator: f64,
+    },
 }
 
 /// How the learning rate decays after warm-up.
@@ -105,6 +113,17 @@ impl OptimizerConfig {
         }
     }
 
+    /// Adagrad with eps 1e-10 and zero initial accumulators (PyTorch's defaults).
+    pub fn adagrad(lr: f64) -> Self {
+        OptimizerConfig {
+            kind: OptimizerKind::Adagrad {
+                eps: 1e-10,
+                initial_accumulator: 0.0,
+            },
+            ..Self::sgd(lr, 0.0)
+        }
+    }
+
     /// SGD's momentum factor and Nesterov flag, when this is SGD with momentum.
     pub fn sgd_momentum(&self) -> Option<(f64, bool)> {
         match self.kind {
@@ -167,6 +186,19 @@ impl OptimizerConfig {
                     return bad(format!("eps {eps} must be positive"));
                 }
             }
+            OptimizerKind::Adagrad {
+                eps,
+                initial_accumulator,
+            } => {
+                if !(eps.is_finite() && eps > 0.0) {
+                    return bad(format!("eps {eps} must be positive"));
+                }
+                if !(initial_accumulator.is_finite() && initial_accumulator >= 0.0) {
+                    return bad(format!(
+                        "initial accumulator {initial_accumulator} must be >= 0"
+                    ));
+                }
+            }
         }
         match self.decay {
             LrDecay::Step { every, gamma }
@@ -187,9 +219,9 @@ impl OptimizerConfig {
 impl FromStr for OptimizerConfig {
     type Err = Error;
 
-    /// `NAME[:key=value,...]` with NAME `sgd`, `nesterov`, `adam` or `adamw`; keys `lr`,
-    /// `momentum`, `dampening`, `nesterov[=bool]`, `wd`/`weight_decay`, `beta1`, `beta2`,
-    /// `eps`, `warmup`, `decay=constant|step|cosine`, `every`, `gamma`, `total`,
+    /// `NAME[:key=value,...]` with NAME `sgd`, `nesterov`, `adam`, `adamw` or `adagrad`;
+    /// keys `lr`, `momentum`, `dampening`, `nesterov[=bool]`, `wd`/`weight_decay`, `beta1`,
+    /// `beta2`, `eps`, `init` (Adagrad's initial accumulator), `warmup`, `decay=constant|step|cosine`, `every`, `gamma`, `total`,
     /// `min_lr`, `clip`.
     fn from_str(s: &str) -> Result<Self> {
         let (name, rest) = s.split_once(':').unwrap_or((s, ""));
@@ -213,9 +245,10 @@ impl FromStr for OptimizerConfig {
                 }
                 c
             }
+            "adagrad" => Self::adagrad(0.01),
             other => {
                 return Err(Error::Config(format!(
-                    "unknown optimizer {other:?} (expected sgd|nesterov|adam|adamw)"
+                    "unknown optimizer {other:?} (expected sgd|nesterov|adam|adamw|adagrad)"
                 )))
             }
         };
@@ -254,6 +287,14 @@ impl FromStr for OptimizerConfig {
                 ("beta1", OptimizerKind::Adam { beta1, .. }) => *beta1 = f()?,
                 ("beta2", OptimizerKind::Adam { beta2, .. }) => *beta2 = f()?,
                 ("eps", OptimizerKind::Adam { eps, .. }) => *eps = f()?,
+                ("eps", OptimizerKind::Adagrad { eps, .. }) => *eps = f()?,
+                (
+                    "init",
+                    OptimizerKind::Adagrad {
+                        initial_accumulator,
+                        ..
+                    },
+                ) => *initial_accumulator = f()?,
                 _ => {
                     return Err(Error::Config(format!(
                         "optimizer {name}: unknown key {k:?}"
@@ -314,6 +355,15 @@ impl fmt::Display for OptimizerConfig {
                 if decoupled { "adamw" } else { "adam" },
                 self.lr
             )?,
+            OptimizerKind::Adagrad {
+                eps,
+                initial_accumulator,
+            } => {
+                write!(f, "adagrad:lr={},eps={eps}", self.lr)?;
+                if initial_accumulator != 0.0 {
+                    write!(f, ",init={initial_accumulator}")?;
+                }
+            }
         }
         write!(f, ",wd={}", self.weight_decay)?;
         if self.warmup_steps > 0 {

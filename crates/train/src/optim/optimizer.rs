@@ -148,9 +148,54 @@ impl Optimizer {
             }
             None => 1.0,
         };
+        self.update(params, grads, 0, scale);
+        self.state.step += 1;
+        Ok(lr)
+    }
+
+    /// Whether the update of one part of the parameters needs nothing from the others (no
+    /// global-norm clipping), so that [`Optimizer::step_part`] may be used.
+    pub fn updates_by_part(&self) -> bool {
+        self.config.clip_norm.is_none()
+    }
+
+    /// Updates the parameters `offset..offset + params.len()` from their gradients, as part
+    /// of the current step; [`Optimizer::finish_step`] ends the step once every part is done.
+    /// The parts of one step together give exactly [`Optimizer::step`]'s result. Refused
+    /// under global-norm clipping (the norm needs the whole gradient).
+    pub fn step_part(&mut self, params: &mut [f32], grads: &[f32], offset: usize) -> Result<()> {
+        if !self.updates_by_part() {
+            return Err(Error::Config(
+                "gradient clipping needs the whole gradient: use step()".into(),
+            ));
+        }
+        if params.len() != grads.len() || offset + params.len() > self.len {
+            return Err(Error::LengthMismatch {
+                what: "parameter part",
+                expected: self.len,
+                got: offset + params.len().max(grads.len()),
+            });
+        }
+        self.update(params, grads, offset, 1.0);
+        Ok(())
+    }
+
+    /// Ends a step made of [`Optimizer::step_part`] calls; returns the learning rate used.
+    pub fn finish_step(&mut self) -> f64 {
+        let lr = self.current_lr();
+        self.state.step += 1;
+        lr
+    }
+
+    /// The update rule on `params`/`grads`, the slice `offset..` of the whole, with the
+    /// gradient scaled by `scale`; does not advance the step count.
+    fn update(&mut self, params: &mut [f32], grads: &[f32], offset: usize, scale: f32) {
+        let lr = self.current_lr();
         let wd = self.config.weight_decay as f32;
         let lr32 = lr as f32;
+        let len = self.len;
         let st = &mut self.state;
+        let range = offset..offset + params.len();
         match self.config.kind {
             OptimizerKind::Sgd {
                 momentum,
@@ -165,11 +210,12 @@ impl Optimizer {
                 } else {
                     let mu = momentum as f32;
                     let damp = 1.0 - dampening as f32;
-                    let first = st.m.is_empty();
-                    if first {
-                        st.m = vec![0.0; self.len];
+                    // PyTorch's first step takes buf = g.
+                    let first = st.step == 0;
+                    if st.m.is_empty() {
+                        st.m = vec![0.0; len];
                     }
-                    for ((p, &g), b) in params.iter_mut().zip(grads).zip(st.m.iter_mut()) {
+                    for ((p, &g), b) in params.iter_mut().zip(grads).zip(&mut st.m[range]) {
                         let g = g * scale + wd * *p;
                         *b = if first { g } else { mu * *b + damp * g };
                         let d = if nesterov { g + mu * *b } else { *b };
@@ -184,8 +230,8 @@ impl Optimizer {
                 decoupled,
             } => {
                 if st.m.is_empty() {
-                    st.m = vec![0.0; self.len];
-                    st.v = vec![0.0; self.len];
+                    st.m = vec![0.0; len];
+                    st.v = vec![0.0; len];
                 }
                 let t = (st.step + 1) as i32;
                 let bc1 = 1.0 - beta1.powi(t);
@@ -198,8 +244,8 @@ impl Optimizer {
                 for (((p, &g), m), v) in params
                     .iter_mut()
                     .zip(grads)
-                    .zip(st.m.iter_mut())
-                    .zip(st.v.iter_mut())
+                    .zip(&mut st.m[range.clone()])
+                    .zip(&mut st.v[range])
                 {
                     *p *= decay;
                     let g = g * scale + l2 * *p;
@@ -209,9 +255,21 @@ impl Optimizer {
                     *p -= step_size * *m / denom;
                 }
             }
+            OptimizerKind::Adagrad {
+                eps,
+                initial_accumulator,
+            } => {
+                if st.v.is_empty() {
+                    st.v = vec![initial_accumulator as f32; len];
+                }
+                let eps = eps as f32;
+                for ((p, &g), sum) in params.iter_mut().zip(grads).zip(&mut st.v[range]) {
+                    let g = g * scale + wd * *p;
+                    *sum += g * g;
+                    *p -= lr32 * g / (sum.sqrt() + eps);
+                }
+            }
         }
-        st.step += 1;
-        Ok(lr)
     }
 }
 
@@ -265,6 +323,61 @@ mod tests {
         let d1 = [1.0 + 0.5 * b1[0], -2.0 + 0.5 * b1[1]];
         let d2 = [0.5 + 0.5 * b2[0], 0.5 + 0.5 * b2[1]];
         close(&p, &[-0.1 * (d1[0] + d2[0]), -0.1 * (d1[1] + d2[1])]);
+    }
+
+    /// Updating by parts (in any order) equals one whole step, for every rule.
+    #[test]
+    fn parts_equal_the_whole_step() {
+        let grads: Vec<Vec<f32>> = (0..4)
+            .map(|s| (0..10).map(|i| ((i * 3 + s * 7) % 11) as f32 - 5.0).collect())
+            .collect();
+        for spec in [
+            "sgd:lr=0.1,momentum=0.9,wd=0.01",
+            "sgd:lr=0.1,momentum=0.9,nesterov",
+            "adam:lr=0.01",
+            "adamw:lr=0.01",
+            "adagrad:lr=0.1",
+        ] {
+            let c: OptimizerConfig = spec.parse().unwrap();
+            let (mut whole, mut parts) = (c.build(10, None).unwrap(), c.build(10, None).unwrap());
+            let (mut pw, mut pp) = (vec![0.5f32; 10], vec![0.5f32; 10]);
+            for g in &grads {
+                whole.step(&mut pw, g).unwrap();
+                for r in [6..10, 0..3, 3..6] {
+                    parts
+                        .step_part(&mut pp[r.clone()], &g[r.clone()], r.start)
+                        .unwrap();
+                }
+                parts.finish_step();
+            }
+            assert_eq!(pw, pp, "{spec}");
+        }
+        let mut clipped = "sgd:lr=0.1,clip=1"
+            .parse::<OptimizerConfig>()
+            .unwrap()
+            .build(2, None)
+            .unwrap();
+        assert!(clipped.step_part(&mut [0.0; 2], &[1.0; 2], 0).is_err());
+    }
+
+    #[test]
+    fn adagrad_matches_hand_computation() {
+        // DistBelief / PyTorch Adagrad: sum_t = init + sum g^2; p -= lr g_t / (sqrt(sum_t) + eps).
+        let (lr, eps, init) = (0.1f64, 1e-10f64, 0.25f64);
+        let mut p = [1.0f64, -1.0];
+        let mut sum = [init; 2];
+        for g in &G {
+            for ((p, s), &g) in p.iter_mut().zip(&mut sum).zip(g) {
+                let g = f64::from(g);
+                *s += g * g;
+                *p -= lr * g / (s.sqrt() + eps);
+            }
+        }
+        close(&run("adagrad:lr=0.1,init=0.25", &[1.0, -1.0], &G), &p);
+        let spec: OptimizerConfig = "adagrad:lr=0.1,init=0.25".parse().unwrap();
+        assert_eq!(spec.to_string().parse::<OptimizerConfig>().unwrap(), spec);
+        assert!("adagrad:eps=0".parse::<OptimizerConfig>().is_err());
+        assert!("adagrad:momentum=0.9".parse::<OptimizerConfig>().is_err());
     }
 
     #[test]
