@@ -15,8 +15,10 @@
 //!   charges latency once per message, not once per call, so streams pipeline like a real link.
 //!
 //! All times are absolute (`CLOCK_MONOTONIC`, shared by the processes of one host) and every
-//! slot starts where the previous one ended, so sleep overshoot never accumulates; the
-//! oversleep of the emulator's own waits is credited back to the caller's next call. Ranks on
+//! slot starts where the previous one ended, so sleep overshoot never accumulates: how late a
+//! call returns past its scheduled end (oversleep, a descheduled thread, the inner transport's
+//! copy) is credited to the caller's next call (up to 20 ms; a stream on one link still never
+//! beats the bandwidth, since its slots never overlap). Ranks on
 //! different hosts have different clocks: a receiver never waits longer than the link's own
 //! time for the message, so skew can only shorten latency, never stall a job.
 //!
@@ -125,8 +127,11 @@ pub struct Throttled<T> {
     stamp_in: [u8; 8],
 }
 
-/// The most oversleep credited back (beyond this the caller was late on its own).
-const MAX_LAG_NS: u64 = 5_000_000;
+/// The most lateness credited back. Consecutive messages on one link never overlap whatever
+/// the credit (each slot starts where the previous one ended), so a stream never beats the
+/// bandwidth; the credit only lets a message after an idle gap start up to this much before
+/// its call, which absorbs a descheduled thread on a loaded machine.
+const MAX_LAG_NS: u64 = 20_000_000;
 
 impl<T: Transport> Throttled<T> {
     /// Wraps `inner`; every rank of the job must wrap with the same `config`.
@@ -219,14 +224,15 @@ impl<T: Transport> Throttled<T> {
         stamp.min(bound)
     }
 
-    /// Sleeps until the shared clock reads `target`, records the oversleep as lag.
+    /// Sleeps until the shared clock reads `target`; records how late we return (oversleep,
+    /// or the inner transport overrunning the slot) as lag, credited to the next call.
     fn wait_until(&mut self, target: u64) -> Duration {
         let start = now_ns();
-        if target <= start {
-            self.lag = 0;
-            return Duration::ZERO;
-        }
-        let end = sleep_until(target);
+        let end = if target > start {
+            sleep_until(target)
+        } else {
+            start
+        };
         self.lag = end.saturating_sub(target).min(MAX_LAG_NS);
         Duration::from_nanos(end - start)
     }
