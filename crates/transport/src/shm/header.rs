@@ -227,4 +227,35 @@ mod tests {
             let _ = decode(&vec![0xFF; n], u64::MAX);
         }
     }
+
+    /// A cheap stand-in for the fuzz target: every single-byte mutation of a valid header,
+    /// and random headers, decode to Ok or an error; what is accepted is consistent.
+    #[test]
+    fn mutations_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let (b, len) = good();
+        let check = |bytes: &[u8], len: u64| {
+            if let Ok(h) = decode(bytes, len) {
+                assert!(h.capacity.is_power_of_two());
+                assert_eq!(HEADER_LEN as u64 + h.capacity, len);
+                assert!(h.src < h.world_size && h.dst < h.world_size && h.src != h.dst);
+            }
+        };
+        for i in 0..64 {
+            for v in [0u8, 1, 0x7F, 0x80, 0xFF] {
+                let mut c = b.clone();
+                c[i] = v;
+                check(&c, len);
+            }
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for _ in 0..10_000 {
+            let n = rng.gen_range(0..96);
+            let mut c: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            if n >= 8 && rng.gen_bool(0.5) {
+                c[..8].copy_from_slice(&MAGIC);
+            }
+            check(&c, rng.gen_range(0..1 << 20) | rng.gen::<u64>() & 0x1000);
+        }
+    }
 }
