@@ -51,6 +51,66 @@ fn measure(spec: &str, total: usize, chunk: usize, duplex: bool) -> f64 {
     (total / chunk * chunk) as f64 * 8.0 / times[1].as_secs_f64()
 }
 
+/// [`measure`] over any pair of connected ranks.
+fn measure_world<T: Transport>(world: Vec<T>, spec: &str, total: usize, chunk: usize) -> f64 {
+    let cfg: LinkConfig = spec.parse().unwrap();
+    let world = Throttled::wrap_all(world, &cfg);
+    let start = Instant::now();
+    let times: Vec<Duration> = std::thread::scope(|s| {
+        let hs: Vec<_> = world
+            .into_iter()
+            .map(|mut t| {
+                s.spawn(move || {
+                    let msg = vec![0u8; chunk];
+                    let mut buf = Vec::new();
+                    for _ in 0..total / chunk {
+                        if t.rank() == 0 {
+                            t.send(1, &msg).unwrap();
+                        } else {
+                            t.recv(0, &mut buf).unwrap();
+                        }
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    (total / chunk * chunk) as f64 * 8.0 / times[1].as_secs_f64()
+}
+
+/// The emulator works over any transport: 1 Gbit/s over shared memory and TCP loopback.
+#[test]
+fn accurate_over_shm_and_tcp() {
+    let _g = serial();
+    for kind in ["shm", "tcp"] {
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let r = match kind {
+                "shm" => measure_world(
+                    gradwire_transport::shm::local_world(2, 1 << 20).unwrap(),
+                    "1gbit",
+                    32 << 20,
+                    1 << 20,
+                ),
+                _ => measure_world(
+                    gradwire_transport::tcp::loopback_world(2).unwrap(),
+                    "1gbit",
+                    32 << 20,
+                    1 << 20,
+                ),
+            } / 1e9;
+            assert!(r < 1.01, "{kind}: faster than the setting: {r}");
+            got.push(r);
+            if r > 0.95 {
+                break;
+            }
+        }
+        eprintln!("1gbit over {kind}: {got:?} of the setting");
+        assert!(got.iter().any(|&r| r > 0.95), "{kind}: {got:?}");
+    }
+}
+
 /// Measured throughput within 5% of the setting (best of several runs on a loaded machine).
 ///
 /// The emulator can only be as fast as the machine under it: when every run misses, the same
