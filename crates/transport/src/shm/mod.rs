@@ -18,7 +18,9 @@
 //! process that died (pid gone or a zombie) [`Error::PeerDied`], and no progress for the
 //! deadline [`Error::Timeout`] — all naming the peer. A rank that fails that way writes the
 //! failed rank into the headers of its outgoing rings, so the rest of the job reports
-//! [`Error::PeerFailed`] naming the same rank instead of blaming the messenger. The header is shared with another
+//! [`Error::PeerFailed`] naming the same rank instead of blaming the messenger. Pids are
+//! only meaningful within one pid namespace: ranks in different containers sharing
+//! `/dev/shm` still get clean closes and deadlines, but not the death check. The header is shared with another
 //! process and checked as untrusted input ([`header::decode`], positions on every access):
 //! a bad one is [`Error::BadRing`], never a panic or an out-of-bounds access.
 
