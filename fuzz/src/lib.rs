@@ -69,3 +69,25 @@ pub fn decode(spec: &str, data: &[u8]) {
         let _ = codec.decode_add(&payload, &mut acc);
     }
 }
+
+/// Runs one fuzz input against the shared-memory ring header decoder of `gradwire-transport`.
+///
+/// Input: the claimed file length (u64 LE), then the header bytes. The decoder must answer
+/// Ok or a typed error without panicking; an accepted header must describe a consistent ring
+/// and survive an encode/decode round trip.
+pub fn shm_header(data: &[u8]) {
+    use gradwire_transport::shm::header;
+    if data.len() < 8 {
+        return;
+    }
+    let file_len = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
+    let bytes = &data[8..];
+    if let Ok(h) = header::decode(bytes, file_len) {
+        assert!(h.capacity.is_power_of_two());
+        assert_eq!(header::HEADER_LEN as u64 + h.capacity, file_len);
+        assert!(h.src < h.world_size && h.dst < h.world_size && h.src != h.dst);
+        let mut again = vec![0u8; header::HEADER_LEN];
+        header::encode(&h, &mut again);
+        assert_eq!(header::decode(&again, file_len), Ok(h));
+    }
+}

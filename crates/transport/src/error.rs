@@ -44,6 +44,24 @@ pub enum Error {
         /// What this rank was doing.
         op: Op,
     },
+    /// A peer's process died without closing its end (shared memory: its pid is gone).
+    #[error("rank {peer}: process {pid} died during {op}")]
+    PeerDied {
+        /// The rank that died.
+        peer: usize,
+        /// Its process id.
+        pid: u32,
+        /// What this rank was doing.
+        op: Op,
+    },
+    /// A shared-memory ring shared with a peer is malformed or corrupt.
+    #[error("rank {peer}: bad shared-memory ring: {source}")]
+    BadRing {
+        /// The peer at the other end of the ring.
+        peer: usize,
+        /// What was wrong.
+        source: crate::shm::header::HeaderError,
+    },
     /// An I/O error on the connection to a peer.
     #[error("rank {peer}: I/O error during {op}: {source}")]
     Io {
@@ -122,7 +140,9 @@ impl Error {
             | Error::FrameTooLarge { peer, .. }
             | Error::BadFrame { peer, .. }
             | Error::SizeMismatch { peer, .. }
-            | Error::PeerFailed { peer, .. } => Some(*peer),
+            | Error::PeerFailed { peer, .. }
+            | Error::PeerDied { peer, .. }
+            | Error::BadRing { peer, .. } => Some(*peer),
             Error::InvalidRank { .. } | Error::Rendezvous { .. } | Error::Env { .. } => None,
         }
     }

@@ -7,7 +7,8 @@
 //!
 //! Implementations: [`local`] (ranks as threads of one process, for tests and single-process
 //! use) and [`tcp`] (a full mesh over TCP with rendezvous at rank 0 and a shared-token
-//! handshake).
+//! handshake), and `shm` (ranks of one host through shared-memory rings).
+//! [`link::Throttled`] wraps any of them to emulate a slower network.
 //!
 //! Glossary: a *rank* is one member of the job, numbered `0..world_size`; *peer* is only used
 //! for "the other rank" of a point-to-point call.
@@ -28,7 +29,10 @@
 
 pub mod env;
 mod error;
+pub mod link;
 pub mod local;
+#[cfg(unix)]
+pub mod shm;
 pub mod tcp;
 
 pub use error::{Error, Op, Result};

@@ -30,6 +30,27 @@ pub(crate) fn tcp_world(n: usize) -> Vec<Box<dyn Transport>> {
         .collect()
 }
 
+/// A shared-memory world (rings in /dev/shm, threads of one process).
+pub(crate) fn shm_world(n: usize) -> Vec<Box<dyn Transport>> {
+    // Small rings, so that most messages stream through in pieces.
+    gradwire_transport::shm::local_world(n, 16 << 10)
+        .expect("shm world")
+        .into_iter()
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .collect()
+}
+
+/// A `Local` world behind the link emulator (a fast link: the suite checks that the wrapper
+/// is transparent, not its timing).
+pub(crate) fn throttled_world(n: usize) -> Vec<Box<dyn Transport>> {
+    use gradwire_transport::link::{LinkConfig, Throttled};
+    let cfg: LinkConfig = "100gbit,1us,jitter=1us".parse().expect("link spec");
+    Throttled::wrap_all(Local::world(n), &cfg)
+        .into_iter()
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .collect()
+}
+
 /// Runs `f` on every rank of `world`, one thread each, and returns the ranks' results in
 /// rank order. A rank's transport is dropped when its `f` returns, so a rank that fails
 /// makes its peers fail fast (PeerClosed) instead of waiting for the deadline.
@@ -69,6 +90,14 @@ macro_rules! for_each_transport {
             #[test]
             fn tcp() {
                 $body(&$crate::tests::tcp_world)
+            }
+            #[test]
+            fn shm() {
+                $body(&$crate::tests::shm_world)
+            }
+            #[test]
+            fn throttled() {
+                $body(&$crate::tests::throttled_world)
             }
         }
     };
