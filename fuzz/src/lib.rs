@@ -32,6 +32,7 @@ pub fn decode(spec: &str, data: &[u8]) {
         rank: 0,
         world_size: 2,
         layout,
+        ..Default::default()
     };
     let mut codec = cfg.build(&ctx);
     let rest = &data[4..];

@@ -12,6 +12,7 @@ fn ctx(layout: Vec<usize>) -> BuildContext {
         rank: 1,
         world_size: 4,
         layout,
+        ..Default::default()
     }
 }
 
