@@ -236,7 +236,8 @@ impl CodecConfig {
             // ---- sparse codecs ----
             "topk",
             "topk:ratio=0.05,select=exact,scope=tensor,values=fp16,ef=false",
-            "threshold:tau=0.01",
+            // A dyadic tau keeps sums of +-tau exact in any order (the collectives compare bitwise).
+            "threshold:tau=0.015625",
             "threshold:tau=0.01,max_ratio=0.01",
             "randomk",
             "randomk:ratio=0.05,scale=false",

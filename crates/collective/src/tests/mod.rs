@@ -9,6 +9,7 @@ mod compressed;
 mod dense;
 mod feedback;
 mod real_codecs;
+mod stripe;
 
 /// A world factory: builds `n` connected ranks.
 pub(crate) type WorldFactory = dyn Fn(usize) -> Vec<Box<dyn Transport>> + Sync;
