@@ -233,6 +233,7 @@ impl CodecConfig {
             "terngrad:output=ternary",
             "signsgd",
             "powersgd:rank=2",
+            "powersgd:rank=1,variant=local",
             // ---- sparse codecs ----
             "topk",
             "topk:ratio=0.05,select=exact,scope=tensor,values=fp16,ef=false",
