@@ -244,6 +244,22 @@ mod tests {
             .collect()
     }
 
+    /// The paper's default: no cap; every element beyond tau is sent.
+    #[test]
+    fn uncapped_by_default_capped_when_asked() {
+        let g = grad(10_000, 1);
+        let beyond = g.iter().filter(|x| x.abs() > 0.1).count();
+        assert!(beyond > 5000);
+        let mut s = SparseGrad::default();
+        let mut c = codec("threshold:tau=0.1");
+        assert_eq!(c.cfg.to_string(), "tau=0.1,max_ratio=1");
+        c.select(&g, &mut s);
+        assert_eq!(s.indices.len(), beyond);
+        let mut c = codec("threshold:tau=0.1,max_ratio=0.01");
+        c.select(&g, &mut s);
+        assert_eq!(s.indices.len(), 100);
+    }
+
     #[test]
     fn sends_plus_minus_tau_and_keeps_the_rest() {
         let mut c = codec("threshold:tau=0.5,max_ratio=1");
