@@ -118,3 +118,20 @@ fn without_feedback_the_bias_stays() {
     let e100 = running_error("onebit:ef=false", 4, 3001, 100, Path::Gather);
     assert!(e100 > 0.2 && e100 > e10 * 0.8, "{e10} {e100}");
 }
+
+/// Two quantizations in series (stripes) against `P` (the forwarding ring), at P=8: the
+/// running-mean error after 10 and 100 steps. Printed for the report (`--nocapture`).
+#[test]
+fn stripes_lose_no_more_than_the_ring() {
+    for spec in ["onebit", "adaptive"] {
+        let ring = running_error(spec, 8, 3001, 100, Path::Ring);
+        let stripe = running_error(spec, 8, 3001, 100, Path::Stripe);
+        let ring10 = running_error(spec, 8, 3001, 10, Path::Ring);
+        let stripe10 = running_error(spec, 8, 3001, 10, Path::Stripe);
+        println!("{spec} P=8: ring {ring10:.4} -> {ring:.4}, stripes {stripe10:.4} -> {stripe:.4}");
+        assert!(
+            stripe <= ring * 1.1,
+            "{spec}: stripes {stripe} vs ring {ring}"
+        );
+    }
+}
