@@ -7,12 +7,14 @@
 //!   `mode & 4`), `rest[4..]` is XORed into the payload from the offset.
 //! - `mode & 2`: the codec is built with a three-tensor layout.
 //! - `mode & 8`: `rest` is also given to `load_state`.
+//! - `mode & 16` (with `mode & 2`): the three tensors also get shapes and roles (a Linear
+//!   weight, a bias, an output-layer weight), so column, 1-D and output-layer rules run.
 //!
 //! Every decoder must return (Ok or a `DecodeError`) without panicking; a payload the decoder
 //! accepts must leave the accumulator finite when it was made from a finite gradient and not
 //! mutated.
 
-use gradwire_codec::{BuildContext, CodecConfig, Header};
+use gradwire_codec::{BuildContext, CodecConfig, Header, TensorInfo, TensorRole};
 
 /// Runs one fuzz input against the decoder of `spec`.
 pub fn decode(spec: &str, data: &[u8]) {
@@ -27,12 +29,18 @@ pub fn decode(spec: &str, data: &[u8]) {
     } else {
         Vec::new()
     };
-    let ctx = BuildContext {
-        seed: data[3] as u64,
-        rank: 0,
-        world_size: 2,
-        layout,
-    };
+    let mut ctx = BuildContext::new(data[3] as u64, 0, 2, layout);
+    if mode & 16 != 0 && ctx.layout.len() == 3 {
+        let (a, b, c) = (ctx.layout[0], ctx.layout[1], ctx.layout[2]);
+        // A `rows x cols` weight needs `cols` to divide its count: pick a small divisor.
+        let cols = (1..=8).rev().find(|d| a % d == 0).unwrap_or(1);
+        let ocols = (1..=8).rev().find(|d| c % d == 0).unwrap_or(1);
+        ctx = ctx.with_tensors(vec![
+            TensorInfo::new([a / cols, cols], TensorRole::LinearWeight),
+            TensorInfo::new([b], TensorRole::Bias),
+            TensorInfo::new([c / ocols, ocols], TensorRole::Output),
+        ]);
+    }
     let mut codec = cfg.build(&ctx);
     let rest = &data[4..];
     let mut payload = Vec::new();
@@ -50,7 +58,10 @@ pub fn decode(spec: &str, data: &[u8]) {
             codec
                 .decode_add(&payload, &mut acc)
                 .expect("a codec decodes its own payload");
-            assert!(acc.iter().all(|v| v.is_finite()), "{spec}: non-finite decode");
+            assert!(
+                acc.iter().all(|v| v.is_finite()),
+                "{spec}: non-finite decode"
+            );
             return;
         }
         let off = u16::from_le_bytes([rest[0], rest[1]]) as usize % (payload.len() + 1);

@@ -2,14 +2,24 @@
 //! Data-parallel Training of Deep Neural Networks", MLHPC 2016 (as in LBANN's
 //! `lbann_quantizer`).
 //!
-//! With a residual `r` (error feedback, always on): `x = g + r`. Per column (a tensor of the
-//! layout, or consecutive runs of `column` elements when `column > 0`), a positive threshold
+//! With a residual `r` (error feedback, always on): `x = g + r`. Per column, a positive threshold
 //! `tau+` and a negative threshold `tau-` are estimated from a random sample of `x` (at least
 //! 128 elements, `64/pi` when larger; the whole column when it is smaller) so that about a
 //! proportion `pi` of the positive and of the negative entries lie beyond them. Entries
 //! `x >= tau+` are sent as `+mu+`, entries `x <= -tau-` as `-mu-`, where `mu+` and `mu-` are
 //! the means of the magnitudes of the entries sent (the reconstruction values); the residual
-//! keeps `x - sent`. Message size is bounded: when sampling under-estimated the thresholds and
+//! keeps `x - sent`. `pi` defaults to 1/64, LBANN's default proportion (one in 64 values).
+//!
+//! Columns (`column=`, default `shape`): LBANN quantizes each column of its column-major
+//! `[out, in]` weight matrices, i.e. one input unit's `out` weights; in burn's row-major
+//! `[in, out]` Linear weight that is one row, so a column here is one index of the tensor's
+//! leading axis (`out` elements of a Linear weight, one output channel's `c_in*kh*kw` filter of
+//! a conv weight, a whole bias; see `layout.rs` and `onebit.rs`). Deviation when the shapes are
+//! unknown: runs of 2048 elements inside each tensor of the layout. `column=tensor` makes
+//! each tensor one column (this codec's behaviour before shapes were known), `column=N` uses
+//! runs of `N`.
+//!
+//! Message size is bounded: when sampling under-estimated the thresholds and
 //! more than `max_excess * pi * len` entries of a column qualify, only that many (the largest
 //! `|x|`) are sent and the rest go back to the residual.
 //!
@@ -31,19 +41,23 @@ use std::ops::Range;
 
 use rand::Rng;
 
+use crate::onebit::UNKNOWN_SHAPE_RUN;
 use crate::sparse::{check_len, cut_to_k, k_for, read_f32, read_u32, read_u64};
 use crate::{
-    segments, BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress,
-    SparseGrad, StateReader, StateWriter, StepRng, HEADER_LEN,
+    BuildContext, Codec, CodecId, Columns, ConfigError, DecodeError, Header, Params, Progress,
+    SparseGrad, StateReader, StateWriter, StepRng, TensorInfo, HEADER_LEN,
 };
 
-/// Parameters of `adaptive:pi=0.01[,column=0][,max_excess=2]`.
+/// LBANN's default proportion: one in 64 values.
+pub const DEFAULT_PI: f64 = 1.0 / 64.0;
+
+/// Parameters of `adaptive:pi=0.015625[,column=shape][,max_excess=2]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveConfig {
-    /// Proportion of positive (and of negative) entries sent, in (0, 0.5] (default 0.01).
+    /// Proportion of positive (and of negative) entries sent, in (0, 0.5] (default 1/64).
     pub pi: f64,
-    /// Column size; 0 (default) = the tensors of the layout.
-    pub column: usize,
+    /// How elements group into columns (default: the tensors' shapes).
+    pub column: Columns,
     /// Cap per column, as a multiple of `pi * len` (default 2, at least 1).
     pub max_excess: f64,
 }
@@ -52,8 +66,12 @@ impl AdaptiveConfig {
     /// Reads `pi`, `column`, `max_excess`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         Ok(AdaptiveConfig {
-            pi: p.f64_in("pi", Some(0.01), 1e-9, 0.5)?,
-            column: p.usize_in("column", Some(0), 0, usize::MAX)?,
+            pi: p.f64_in("pi", Some(DEFAULT_PI), 1e-9, 0.5)?,
+            column: p.columns(
+                "column",
+                Columns::Shape(UNKNOWN_SHAPE_RUN),
+                UNKNOWN_SHAPE_RUN,
+            )?,
             max_excess: p.f64_in("max_excess", Some(2.0), 1.0, 1e6)?,
         })
     }
@@ -84,6 +102,7 @@ impl fmt::Display for AdaptiveConfig {
 pub struct Adaptive {
     cfg: AdaptiveConfig,
     layout: Vec<usize>,
+    tensors: Vec<TensorInfo>,
     rng: StepRng,
     residual: Vec<f32>,
     sample: Vec<f32>,
@@ -114,6 +133,7 @@ impl Adaptive {
         Adaptive {
             cfg,
             layout: ctx.layout.clone(),
+            tensors: ctx.tensors.clone(),
             rng: StepRng::new(ctx.seed, ctx.rank),
             residual: Vec::new(),
             sample: Vec::new(),
@@ -129,14 +149,9 @@ impl Adaptive {
         &self.residual
     }
 
-    fn columns(&self, n: usize) -> Vec<Range<usize>> {
-        if self.cfg.column > 0 {
-            (0..n.div_ceil(self.cfg.column))
-                .map(|c| c * self.cfg.column..((c + 1) * self.cfg.column).min(n))
-                .collect()
-        } else {
-            segments(&self.layout, n).collect()
-        }
+    /// The column ranges of a gradient of `n` elements.
+    pub fn columns(&self, n: usize) -> Vec<Range<usize>> {
+        self.cfg.column.ranges(&self.tensors, &self.layout, n)
     }
 
     /// Quantizes `grad + residual`: fills `self.cols`, and `out` with the sent (index, +-mu).
@@ -347,6 +362,7 @@ mod tests {
             rank: 1,
             world_size: 2,
             layout,
+            ..Default::default()
         };
         Adaptive::new(cfg, &ctx)
     }
@@ -365,7 +381,7 @@ mod tests {
     fn quantizes_to_column_means_and_conserves_the_signal() {
         let layout = vec![3000, 50_000, 1000];
         let n: usize = layout.iter().sum();
-        let mut c = codec("adaptive:pi=0.01", layout.clone());
+        let mut c = codec("adaptive:pi=0.01,column=tensor", layout.clone());
         let mut before = vec![0.0f32; n];
         let mut out = Vec::new();
         for s in 0..3 {
@@ -404,7 +420,7 @@ mod tests {
             before = c.residual().to_vec();
         }
         let st = c.save_state();
-        let mut d = codec("adaptive:pi=0.01", layout);
+        let mut d = codec("adaptive:pi=0.01,column=tensor", layout);
         d.load_state(&st).unwrap();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         c.encode(&grad(n, 9), &mut a);

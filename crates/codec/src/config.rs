@@ -198,6 +198,24 @@ impl CodecConfig {
         }
     }
 
+    /// The multiple, in elements counted from a tensor's start, at which a stripe may cut the
+    /// tensor so that its pieces, each encoded as a tensor of its own, form the same groups
+    /// (columns, buckets) as the whole tensor: the column length of 1-bit SGD and adaptive
+    /// quantization, QSGD's bucket, 1 for element-wise codecs. `tensor` is `None` when the
+    /// shape is unknown. `usize::MAX`: never cut inside the tensor. Codecs with one scale per
+    /// tensor (TernGrad, signSGD) and the sparsifiers (top-k, DGC, ...) get their column
+    /// length: a piece then has its own scale or selection (documented in `stripe.rs`).
+    pub fn stripe_grain(&self, tensor: Option<&crate::TensorInfo>) -> usize {
+        let column = tensor.map_or(1, |t| t.column_len());
+        match self {
+            CodecConfig::None(_) | CodecConfig::Fp16(_) | CodecConfig::Bf16(_) => 1,
+            CodecConfig::OneBit(c) => c.column.grain(tensor),
+            CodecConfig::Adaptive(c) => c.column.grain(tensor),
+            CodecConfig::Qsgd(c) => c.bucket,
+            _ => column,
+        }
+    }
+
     /// One or more configurations per codec, for shared property tests, benches and fuzzing.
     pub fn examples() -> Vec<CodecConfig> {
         [
@@ -206,24 +224,31 @@ impl CodecConfig {
             "bf16",
             "onebit",
             "onebit:column=0,ef=false",
+            "onebit:column=300",
             "qsgd",
             "qsgd:bits=8,bucket=256,norm=l2",
             "qsgd:levels=3,bucket=1024,norm=l2,coding=elias",
             "terngrad",
             "terngrad:clip=0,ef=true",
+            "terngrad:output=ternary",
             "signsgd",
             "powersgd:rank=2",
+            "powersgd:rank=1,variant=local",
             // ---- sparse codecs ----
             "topk",
             "topk:ratio=0.05,select=exact,scope=tensor,values=fp16,ef=false",
-            "threshold:tau=0.01",
+            // A dyadic tau keeps sums of +-tau exact in any order (the collectives compare bitwise).
+            "threshold:tau=0.015625",
+            "threshold:tau=0.01,max_ratio=0.01",
             "randomk",
             "randomk:ratio=0.05,scale=false",
             // Dyadic momenta keep sums exact in any order (the collectives compare bitwise).
             "dgc:momentum=0.5",
             "dgc:ratio=0.01,momentum=0.75,nesterov=true,warmup_epochs=0,min_dense=16",
+            "dgc:ratio=0.01,momentum=0.5,warmup_epochs=0",
             "adaptive",
             "adaptive:pi=0.05,column=64,max_excess=1.5",
+            "adaptive:column=tensor",
         ]
         .iter()
         .map(|s| s.parse().expect("example specs parse"))

@@ -14,8 +14,12 @@
 //!    cache-line runs), one fused pass (the momentum update of step 2 and `|v| > thr` in the
 //!    same loop), then the "hierarchical re-selection": an exact `select_nth` among the few
 //!    candidates cuts them to exactly k (if the sample over-estimated and fewer than k came out,
-//!    the threshold is lowered and `v` scanned again). Tensors of fewer than `min_dense`
-//!    elements are sent whole: their value is the momentum velocity `u` (`u + g` with
+//!    the threshold is lowered and `v` scanned again). Which tensors are sent whole follows
+//!    the reference code (synxlin/deep-gradient-compression compresses only tensors of more
+//!    than one dimension): 1-D tensors (biases, norm scales) of
+//!    [`crate::BuildContext::tensors`] are sent dense. Deviation when the shapes are unknown:
+//!    tensors of fewer than 1024 elements are sent dense instead. `min_dense=N` replaces both
+//!    rules by "tensors of fewer than `N` elements". Dense tensors are sent whole: their value is the momentum velocity `u` (`u + g` with
 //!    Nesterov), and `v` is not used for them, so they follow plain momentum SGD.
 //! 4. *Momentum factor masking*: `u = 0` and `v = 0` at the sent indices.
 //! 5. *Warm-up*: `ratio_e` is `max(ratio, 0.25^(e+1))` during the first `warmup_epochs` epochs
@@ -49,7 +53,7 @@ use crate::{
 };
 
 /// Parameters of `dgc:ratio=0.001[,momentum=0.9][,nesterov=false][,clip=0][,warmup_epochs=4]
-/// [,min_dense=1024]`.
+/// [,min_dense=N]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DgcConfig {
     /// Final fraction of elements sent per tensor, in (0, 1] (default 0.001).
@@ -62,8 +66,9 @@ pub struct DgcConfig {
     pub clip: f64,
     /// Epochs of sparsity warm-up (default 4; 0 = none).
     pub warmup_epochs: usize,
-    /// Tensors with fewer elements are sent dense (default 1024).
-    pub min_dense: usize,
+    /// Tensors with fewer elements are sent dense. Default `None`: the reference rule, 1-D
+    /// tensors dense (below 1024 elements when the shapes are unknown).
+    pub min_dense: Option<usize>,
 }
 
 impl DgcConfig {
@@ -75,7 +80,10 @@ impl DgcConfig {
             nesterov: p.bool("nesterov", false)?,
             clip: p.f64_in("clip", Some(0.0), 0.0, f32::MAX as f64)?,
             warmup_epochs: p.usize_in("warmup_epochs", Some(4), 0, 1000)?,
-            min_dense: p.usize_in("min_dense", Some(1024), 0, usize::MAX)?,
+            min_dense: match p.usize_in("min_dense", Some(usize::MAX), 0, usize::MAX)? {
+                usize::MAX => None,
+                n => Some(n),
+            },
         })
     }
 
@@ -108,9 +116,13 @@ impl fmt::Display for DgcConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ratio={},momentum={},nesterov={},clip={},warmup_epochs={},min_dense={}",
-            self.ratio, self.momentum, self.nesterov, self.clip, self.warmup_epochs, self.min_dense
-        )
+            "ratio={},momentum={},nesterov={},clip={},warmup_epochs={}",
+            self.ratio, self.momentum, self.nesterov, self.clip, self.warmup_epochs
+        )?;
+        if let Some(n) = self.min_dense {
+            write!(f, ",min_dense={n}")?;
+        }
+        Ok(())
     }
 }
 
@@ -119,6 +131,8 @@ impl fmt::Display for DgcConfig {
 pub struct Dgc {
     cfg: DgcConfig,
     layout: Vec<usize>,
+    /// Per tensor of the layout, when the shapes are known: more than one dimension.
+    matrix: Vec<bool>,
     world_size: usize,
     rng: StepRng,
     epoch: f32,
@@ -181,6 +195,11 @@ impl Dgc {
         Dgc {
             cfg,
             layout: ctx.layout.clone(),
+            matrix: if ctx.tensors.len() == ctx.layout.len() {
+                ctx.tensors.iter().map(|t| t.is_matrix()).collect()
+            } else {
+                Vec::new()
+            },
             world_size: ctx.world_size.max(1),
             rng: StepRng::new(ctx.seed, ctx.rank),
             epoch: 0.0,
@@ -254,6 +273,7 @@ impl Dgc {
         let Dgc {
             cfg,
             layout,
+            matrix,
             u,
             v,
             est,
@@ -263,11 +283,18 @@ impl Dgc {
         } = self;
         let m = cfg.momentum as f32;
         let nesterov = cfg.nesterov;
-        for seg in segments(layout, n) {
+        let segs: Vec<_> = segments(layout, n).collect();
+        let shaped = segs.len() == matrix.len();
+        for (t, seg) in segs.into_iter().enumerate() {
             let base = seg.start as u32;
             let g = &grad[seg.clone()];
             let (u, v) = (&mut u[seg.clone()], &mut v[seg]);
-            if g.len() < cfg.min_dense {
+            let dense = match cfg.min_dense {
+                Some(min) => g.len() < min,
+                None if shaped => !matrix[t],
+                None => g.len() < 1024,
+            };
+            if dense {
                 for (i, (x, uu)) in g.iter().zip(u.iter_mut()).enumerate() {
                     let gi = s * x;
                     let val = if nesterov {
@@ -389,6 +416,7 @@ mod tests {
             rank: 0,
             world_size,
             layout,
+            ..Default::default()
         };
         Dgc::new(cfg, &ctx)
     }

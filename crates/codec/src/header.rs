@@ -3,17 +3,21 @@
 //! Wire layout (little-endian, 12 bytes):
 //! ```text
 //! 0..2   magic   u16 = 0x5747 ("GW")
-//! 2      version u8  = 1
+//! 2      version u8  = 2
 //! 3      codec   u8  (CodecId)
 //! 4..12  count   u64 number of f32 elements of the gradient
 //! ```
+//!
+//! Version 2 (shapes reach the codecs): 1-bit SGD and adaptive quantization group by the
+//! tensors' columns, QSGD's buckets stay inside tensors, TernGrad may send the output layer in
+//! float; a version-1 payload is refused rather than misread.
 
 use crate::DecodeError;
 
 /// Magic number at the start of every payload ("GW" little-endian).
 pub const MAGIC: u16 = 0x5747;
 /// Wire-format version written by this build.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the header in bytes.
 pub const HEADER_LEN: usize = 12;
 

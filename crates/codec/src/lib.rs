@@ -45,7 +45,7 @@ pub use feedback::ErrorFeedback;
 pub use fp16::Fp16;
 pub use fp32::Fp32;
 pub use header::{CodecId, Header, HEADER_LEN, MAGIC, VERSION};
-pub use layout::segments;
+pub use layout::{segments, tensors_for, Columns, TensorInfo, TensorRole};
 pub use onebit::{OneBit, OneBitConfig};
 pub use params::{ConfigError, Params};
 pub use powersgd::{PowerSgd, PowerSgdConfig};
@@ -59,7 +59,11 @@ pub use terngrad::{TernGrad, TernGradConfig};
 pub use threshold::{Threshold, ThresholdConfig};
 pub use topk::{TopK, TopKConfig, TopKScope, TopKSelect};
 
-/// Where a codec runs: enough to seed its RNG and know its tensors' boundaries.
+/// Where a codec runs: enough to seed its RNG and know its tensors' boundaries, shapes and
+/// roles.
+///
+/// Build one with [`BuildContext::new`] (and [`BuildContext::with_tensors`] when the shapes
+/// are known), or a struct literal ending in `..Default::default()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildContext {
     /// The run's seed; stochastic codecs derive their RNG from (seed, rank, step).
@@ -71,17 +75,52 @@ pub struct BuildContext {
     /// Element counts of the tensors packed, in order, into the flat gradient
     /// (their sum is the gradient's length). Empty means one tensor.
     pub layout: Vec<usize>,
+    /// Shape and role of each tensor, in the order of `layout` (empty: unknown). Codecs use
+    /// it only when its element counts sum to the gradient's length; [`BuildContext::with_tensors`]
+    /// keeps `layout` consistent with it.
+    pub tensors: Vec<TensorInfo>,
 }
 
-impl BuildContext {
-    /// A context for a single tensor on rank 0 of 1.
-    pub fn single(seed: u64) -> Self {
+impl Default for BuildContext {
+    /// Seed 0, rank 0 of 1, one tensor of unknown shape.
+    fn default() -> Self {
         BuildContext {
-            seed,
+            seed: 0,
             rank: 0,
             world_size: 1,
             layout: Vec::new(),
+            tensors: Vec::new(),
         }
+    }
+}
+
+impl BuildContext {
+    /// A context for `rank` of `world_size` with the tensor sizes `layout` (shapes unknown).
+    pub fn new(seed: u64, rank: usize, world_size: usize, layout: Vec<usize>) -> Self {
+        BuildContext {
+            seed,
+            rank,
+            world_size,
+            layout,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// A context for a single tensor on rank 0 of 1.
+    pub fn single(seed: u64) -> Self {
+        BuildContext::new(seed, 0, 1, Vec::new())
+    }
+
+    /// Sets the tensors' shapes and roles, and `layout` to their element counts.
+    pub fn with_tensors(mut self, tensors: Vec<TensorInfo>) -> Self {
+        self.layout = tensors.iter().map(TensorInfo::numel).collect();
+        self.tensors = tensors;
+        self
+    }
+
+    /// The tensors of a gradient of `len` elements, when their shapes are known and fit.
+    pub fn tensors_for(&self, len: usize) -> Option<&[TensorInfo]> {
+        tensors_for(&self.tensors, len)
     }
 }
 

@@ -7,10 +7,16 @@
 //! paper's training diverges without it), so the spec default is `ef=true`: the residual
 //! `x - decode(x)` is added to the next step's gradient.
 //!
-//! Columns: every tensor of [`crate::BuildContext::layout`] (or the whole gradient when the
-//! layout does not match its length) is cut into runs of `column` consecutive elements, the
-//! last one shorter; `column=0` makes each tensor one column. With row-major `[out, in]`
-//! weights and `column = in`, that is one column per output neuron.
+//! Columns (`column=`, default `shape`): the paper's columns of each gradient matrix, from the
+//! tensors' shapes in [`crate::BuildContext::tensors`]. CNTK stores a layer's weight as an
+//! `[out, in]` column-major matrix, so a column holds one input unit's `out` weights; burn
+//! stores a Linear weight as `[in, out]` row-major, where the same `out` weights are one
+//! contiguous row. So a column here is one index of the leading axis: `out` elements of a
+//! Linear weight, `c_in*kh*kw` of a conv weight (one output channel's filter), the whole
+//! tensor for a bias (see `layout.rs`). Deviation when the shapes are unknown (only the
+//! element counts of `layout`, or nothing): columns are runs of 2048 elements inside each
+//! tensor. `column=tensor` makes each tensor one column; `column=N` cuts each tensor into runs
+//! of `N` elements (the last shorter).
 //!
 //! Wire layout: the 12-byte [`crate::Header`] (codec 3), then for each column of `c`
 //! elements, in order:
@@ -27,16 +33,22 @@
 use std::fmt;
 use std::ops::Range;
 
-use crate::layout::{expect_len, f32_at, finite, segments};
+use crate::layout::{expect_len, f32_at, finite};
 use crate::pack::{pack, packed_bytes, unpack_add};
 use crate::simd::multiversion;
-use crate::{BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN};
+use crate::{
+    BuildContext, Codec, CodecId, Columns, ConfigError, DecodeError, Header, Params, TensorInfo,
+    HEADER_LEN,
+};
+
+/// The run length of `column=shape` when the shapes are unknown.
+pub const UNKNOWN_SHAPE_RUN: usize = 2048;
 
 /// Parameters of 1-bit SGD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OneBitConfig {
-    /// Elements per column (0: one column per tensor).
-    pub column: usize,
+    /// How elements group into columns (default: the tensors' shapes).
+    pub column: Columns,
     /// Error feedback (default on).
     pub ef: bool,
 }
@@ -44,7 +56,7 @@ pub struct OneBitConfig {
 impl Default for OneBitConfig {
     fn default() -> Self {
         OneBitConfig {
-            column: 2048,
+            column: Columns::Shape(UNKNOWN_SHAPE_RUN),
             ef: true,
         }
     }
@@ -54,14 +66,18 @@ impl OneBitConfig {
     /// Reads `column=` and `ef=`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         Ok(OneBitConfig {
-            column: p.usize_in("column", Some(2048), 0, 1 << 30)?,
+            column: p.columns(
+                "column",
+                Columns::Shape(UNKNOWN_SHAPE_RUN),
+                UNKNOWN_SHAPE_RUN,
+            )?,
             ef: p.bool("ef", true)?,
         })
     }
 
     /// The runtime codec.
     pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
-        let c = OneBit::new(self.column, &ctx.layout);
+        let c = OneBit::with_columns(self.column, ctx);
         crate::feedback::maybe_wrap(c, self.ef)
     }
 }
@@ -75,21 +91,11 @@ impl fmt::Display for OneBitConfig {
 /// The 1-bit quantizer (without error feedback; wrap it in [`crate::ErrorFeedback`]).
 #[derive(Debug, Clone)]
 pub struct OneBit {
-    column: usize,
+    column: Columns,
     layout: Vec<usize>,
-}
-
-/// The columns of a gradient of `len` elements.
-fn columns(layout: &[usize], len: usize, column: usize) -> impl Iterator<Item = Range<usize>> + '_ {
-    segments(layout, len).flat_map(move |seg| {
-        let step = if column == 0 {
-            seg.len().max(1)
-        } else {
-            column
-        };
-        let (s, e) = (seg.start, seg.end);
-        (s..e).step_by(step).map(move |a| a..(a + step).min(e))
-    })
+    tensors: Vec<TensorInfo>,
+    /// The columns of the last length seen (encoder and decoder derive the same).
+    cache: std::cell::RefCell<(usize, Vec<Range<usize>>)>,
 }
 
 /// Sum of entries >= 0, sum of entries < 0, count of entries >= 0.
@@ -140,25 +146,48 @@ fn encode_column(x: &[f32], dst: &mut [u8]) -> (f32, f32) {
 }
 
 impl OneBit {
-    /// A 1-bit quantizer with columns of `column` elements over the tensors of `layout`.
+    /// A 1-bit quantizer with columns of `column` elements (0: one per tensor) over the
+    /// tensors of `layout`.
     pub fn new(column: usize, layout: &[usize]) -> Self {
+        let column = if column == 0 {
+            Columns::Tensor
+        } else {
+            Columns::Run(column)
+        };
+        Self::with_columns(column, &BuildContext::new(0, 0, 1, layout.to_vec()))
+    }
+
+    /// A 1-bit quantizer grouping the tensors of `ctx` as `column` says.
+    pub fn with_columns(column: Columns, ctx: &BuildContext) -> Self {
         OneBit {
             column,
-            layout: layout.to_vec(),
+            layout: ctx.layout.clone(),
+            tensors: ctx.tensors.clone(),
+            cache: Default::default(),
         }
     }
 
+    /// The column ranges of a gradient of `n` elements.
+    pub fn columns(&self, n: usize) -> Vec<Range<usize>> {
+        let mut c = self.cache.borrow_mut();
+        if c.0 != n || (c.1.is_empty() && n > 0) {
+            *c = (n, self.column.ranges(&self.tensors, &self.layout, n));
+        }
+        c.1.clone()
+    }
+
     fn body_len(&self, n: usize) -> usize {
-        columns(&self.layout, n, self.column)
+        self.columns(n)
+            .iter()
             .map(|c| 8 + packed_bytes(c.len(), 1))
             .sum()
     }
 }
 
 multiversion! {
-    fn encode_all(layout: &[usize], column: usize, grad: &[f32], body: &mut [u8]) {
+    fn encode_all(cols: &[Range<usize>], grad: &[f32], body: &mut [u8]) {
         let mut at = 0;
-        for c in columns(layout, grad.len(), column) {
+        for c in cols.iter().cloned() {
             let len = 8 + packed_bytes(c.len(), 1);
             encode_column(&grad[c], &mut body[at..at + len]);
             at += len;
@@ -167,9 +196,9 @@ multiversion! {
 }
 
 multiversion! {
-    fn encode_fb(layout: &[usize], column: usize, grad: &[f32], residual: &mut [f32], body: &mut [u8]) {
+    fn encode_fb(cols: &[Range<usize>], grad: &[f32], residual: &mut [f32], body: &mut [u8]) {
         let mut at = 0;
-        for c in columns(layout, grad.len(), column) {
+        for c in cols.iter().cloned() {
             let len = 8 + packed_bytes(c.len(), 1);
             let r = &mut residual[c.clone()];
             for (r, g) in r.iter_mut().zip(&grad[c]) {
@@ -185,9 +214,9 @@ multiversion! {
 }
 
 multiversion! {
-    fn decode_all(layout: &[usize], column: usize, body: &[u8], acc: &mut [f32]) {
+    fn decode_all(cols: &[Range<usize>], body: &[u8], acc: &mut [f32]) {
         let mut at = 0;
-        for c in columns(layout, acc.len(), column) {
+        for c in cols.iter().cloned() {
             let len = 8 + packed_bytes(c.len(), 1);
             let (pos, neg) = (f32_at(body, at), f32_at(body, at + 4));
             unpack_add::<1>(&body[at + 8..at + len], &mut acc[c], |b| {
@@ -210,32 +239,29 @@ impl Codec for OneBit {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         Header::write(out, CodecId::OneBit, grad.len());
         out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        encode_all(&self.layout, self.column, grad, &mut out[HEADER_LEN..]);
+        let cols = self.columns(grad.len());
+        encode_all(&cols, grad, &mut out[HEADER_LEN..]);
     }
 
     fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
         Header::write(out, CodecId::OneBit, grad.len());
         out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        encode_fb(
-            &self.layout,
-            self.column,
-            grad,
-            residual,
-            &mut out[HEADER_LEN..],
-        );
+        let cols = self.columns(grad.len());
+        encode_fb(&cols, grad, residual, &mut out[HEADER_LEN..]);
         true
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         let body = Header::check(payload, CodecId::OneBit, acc.len())?;
         expect_len(body, self.body_len(acc.len()))?;
+        let cols = self.columns(acc.len());
         let mut at = 0;
-        for c in columns(&self.layout, acc.len(), self.column) {
+        for c in &cols {
             finite(f32_at(body, at), "onebit pos")?;
             finite(f32_at(body, at + 4), "onebit neg")?;
             at += 8 + packed_bytes(c.len(), 1);
         }
-        decode_all(&self.layout, self.column, body, acc);
+        decode_all(&cols, body, acc);
         Ok(())
     }
 }
@@ -301,7 +327,7 @@ mod tests {
             assert_eq!(a, b);
             assert_eq!(fused.residual(), generic.residual());
         }
-        assert_eq!(columns(&layout, n, 512).count(), 1 + 6 + 1);
+        assert_eq!(OneBit::new(512, &layout).columns(n).len(), 1 + 6 + 1);
     }
 
     #[test]

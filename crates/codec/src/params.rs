@@ -197,6 +197,22 @@ impl Params {
         }
     }
 
+    /// A column grouping (`shape`, `tensor` or a count, see [`crate::Columns`]), or
+    /// `default` when absent; `unknown_run` is the run length `shape` falls back to when the
+    /// shapes are unknown.
+    pub fn columns(
+        &mut self,
+        key: &'static str,
+        default: crate::Columns,
+        unknown_run: usize,
+    ) -> Result<crate::Columns, ConfigError> {
+        match self.raw(key) {
+            None => Ok(default),
+            Some(v) => crate::Columns::parse(&v, unknown_run)
+                .ok_or_else(|| self.bad(key, &v, "expected shape, tensor or a count in [1, 2^30]")),
+        }
+    }
+
     /// Refuses any parameter that no getter asked for.
     pub fn finish(self) -> Result<(), ConfigError> {
         if let Some(k) = self.values.keys().next() {

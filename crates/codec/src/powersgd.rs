@@ -11,10 +11,15 @@
 //! fp32, like the paper's uncompressed biases. PowerSGD is biased: error feedback is the
 //! default (`ef=true`), as in the paper.
 //!
-//! Aggregation: the paper's exact sum all-reduces `P` (sum, then orthogonalize) and then `Q`,
-//! which needs two collectives per step and is not a plain encode/decode. This codec sends the
-//! local rank-`r` approximation; `decode_add` of every rank's payload sums those, which is the
-//! sum of per-rank low-rank matrices (rank up to `r * world_size`).
+//! Two algorithms share the `powersgd` spec. The published one (`variant=paper`, the default)
+//! all-reduces `P` (sum, then orthogonalize) and then `Q`: two collectives per step, not a
+//! plain encode/decode, so it lives in `gradwire_collective::compressed::PowerSgdAllReduce`,
+//! which reads this config (rank, warm start, error feedback) and the tensors' shapes; callers
+//! must route `variant=paper` there. This codec is the other one, `variant=local` (the
+//! "gather variant"): it sends this rank's own rank-`r` approximation, and `decode_add` of
+//! every rank's payload sums those (rank up to `r * world_size`), for gather-decode. Deviation
+//! of the local variant: the paper's error feedback and warm start are per rank here, and the
+//! aggregate is not the paper's.
 //!
 //! Wire layout: the 12-byte [`crate::Header`] (codec 12), then per tensor either
 //! ```text
@@ -43,6 +48,9 @@ pub struct PowerSgdConfig {
     pub warm: bool,
     /// Error feedback (default on).
     pub ef: bool,
+    /// `variant=local`: the gather variant (this codec through gather-decode) instead of the
+    /// published two all-reduces (`variant=paper`, default).
+    pub local: bool,
 }
 
 impl Default for PowerSgdConfig {
@@ -51,17 +59,19 @@ impl Default for PowerSgdConfig {
             rank: 4,
             warm: true,
             ef: true,
+            local: false,
         }
     }
 }
 
 impl PowerSgdConfig {
-    /// Reads `rank=`, `warm=` and `ef=`.
+    /// Reads `rank=`, `warm=`, `ef=` and `variant=paper|local`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         Ok(PowerSgdConfig {
             rank: p.usize_in("rank", Some(4), 1, 256)?,
             warm: p.bool("warm", true)?,
             ef: p.bool("ef", true)?,
+            local: p.choice("variant", "paper", &["paper", "local"])? == "local",
         })
     }
 
@@ -74,7 +84,12 @@ impl PowerSgdConfig {
 
 impl fmt::Display for PowerSgdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rank={},warm={},ef={}", self.rank, self.warm, self.ef)
+        let variant = if self.local { "local" } else { "paper" };
+        write!(
+            f,
+            "rank={},warm={},ef={},variant={variant}",
+            self.rank, self.warm, self.ef
+        )
     }
 }
 

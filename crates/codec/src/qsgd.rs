@@ -1,7 +1,10 @@
 //! `qsgd`: Quantized SGD (Alistarh, Grubic, Li, Tomioka, Vojnovic, "QSGD:
 //! Communication-Efficient SGD via Gradient Quantization and Encoding", NeurIPS 2017).
 //!
-//! The gradient is cut into buckets of `d = bucket` consecutive elements. Each bucket `v` has
+//! Each tensor of [`crate::BuildContext::layout`] (the whole gradient when the layout does not
+//! fit) is cut into buckets of `d = bucket` consecutive elements, the last one of each tensor
+//! shorter: a bucket never straddles two tensors (the paper quantizes per layer; a bucket
+//! mixing a weight and a tiny bias would scale the bias by the weight's norm). Each bucket `v` has
 //! a scale `m` (`norm=l2`: `||v||_2`, the paper's analysis; `norm=max`: `||v||_inf`, its
 //! experiments). With `s` levels, `r_i = s |v_i| / m`, `l = floor(r_i)`, and the level is
 //! `l + 1` with probability `r_i - l`, else `l` (stochastic rounding), so
@@ -11,7 +14,7 @@
 //! directly. The uniforms come from the codec's `(seed, rank, step)` stream ([`crate::StepRng`]).
 //!
 //! Wire layout, `coding=fixed`: the 12-byte [`crate::Header`] (codec 7), then per bucket
-//! (the last one may be shorter) of `c` elements:
+//! of `c` elements, in order:
 //! ```text
 //! 0..4                 m     f32  the bucket's scale
 //! 4..4+4*ceil(c/K)     codes      level + s offset by sign: code = s + sign(v) * level,
@@ -30,7 +33,9 @@
 use std::fmt;
 
 use crate::elias::{BitReader, BitWriter};
-use crate::layout::{expect_len, f32_at, finite};
+use std::ops::Range;
+
+use crate::layout::{expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add, LANES};
 use crate::rng::uniform;
 use crate::simd::multiversion;
@@ -128,7 +133,8 @@ impl QsgdConfig {
 
     /// The runtime codec.
     pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
-        crate::feedback::maybe_wrap(Qsgd::new(self.clone(), ctx.seed, ctx.rank), self.ef)
+        let q = Qsgd::new(self.clone(), ctx.seed, ctx.rank).with_layout(&ctx.layout);
+        crate::feedback::maybe_wrap(q, self.ef)
     }
 
     /// Bits per fixed-width code: `bitlen(2s)`.
@@ -166,6 +172,19 @@ impl fmt::Display for QsgdConfig {
 pub struct Qsgd {
     cfg: QsgdConfig,
     rng: StepRng,
+    layout: Vec<usize>,
+}
+
+/// The buckets of a gradient of `n` elements: runs of `d` inside each tensor of `layout`.
+pub(crate) fn buckets(layout: &[usize], n: usize, d: usize) -> Vec<Range<usize>> {
+    segments(layout, n)
+        .flat_map(|seg| {
+            let e = seg.end;
+            (seg.start..e)
+                .step_by(d.max(1))
+                .map(move |a| a..(a + d).min(e))
+        })
+        .collect()
 }
 
 /// Lane-parallel max |x| or sum x^2 of a bucket.
@@ -209,17 +228,18 @@ fn level(v: f32, inv: f32, sf: f32, s: i32, key: u32, i: u32) -> i32 {
 }
 
 multiversion! {
-fn encode_fixed<const W: u32>(cfg: &QsgdConfig, key: u32, grad: &[f32], body: &mut [u8]) {
+fn encode_fixed<const W: u32>(cfg: &QsgdConfig, bks: &[Range<usize>], key: u32, grad: &[f32], body: &mut [u8]) {
     let s = cfg.levels as i32;
     let sf = s as f32;
     let mut at = 0;
-    for (bi, x) in grad.chunks(cfg.bucket).enumerate() {
+    for b in bks {
+        let x = &grad[b.clone()];
         let m = bucket_norm(x, cfg.norm);
         let len = 4 + packed_bytes(x.len(), W);
         let dst = &mut body[at..at + len];
         dst[..4].copy_from_slice(&m.to_le_bytes());
         let inv = if m > 0.0 { sf / m } else { 0.0 };
-        let base = (bi * cfg.bucket) as u32;
+        let base = b.start as u32;
         pack::<W>(x, base, &mut dst[4..], |v, i| {
             let lv = level(v, inv, sf, s, key, i);
             (if v < 0.0 { s - lv } else { s + lv }) as u32
@@ -256,13 +276,14 @@ fn max_code<const W: u32>(src: &[u8]) -> u32 {
 multiversion! {
 fn decode_fixed<const W: u32>(
     cfg: &QsgdConfig,
+    bks: &[Range<usize>],
     body: &[u8],
     acc: &mut [f32],
 ) -> Result<(), DecodeError> {
     let s = cfg.levels;
     let mut at = 0;
-    for x in acc.chunks(cfg.bucket) {
-        let len = 4 + packed_bytes(x.len(), W);
+    for b in bks {
+        let len = 4 + packed_bytes(b.len(), W);
         finite(f32_at(body, at), "qsgd scale")?;
         if max_code::<W>(&body[at + 4..at + len]) > 2 * s {
             return Err(DecodeError::InvalidField {
@@ -273,7 +294,8 @@ fn decode_fixed<const W: u32>(
         at += len;
     }
     let mut at = 0;
-    for x in acc.chunks_mut(cfg.bucket) {
+    for b in bks {
+        let x = &mut acc[b.clone()];
         let len = 4 + packed_bytes(x.len(), W);
         let unit = f32_at(body, at) / s as f32;
         let sf = s as f32;
@@ -313,20 +335,24 @@ impl Qsgd {
         Qsgd {
             cfg,
             rng: StepRng::new(seed, rank),
+            layout: Vec::new(),
         }
     }
 
-    fn fixed_len(&self, n: usize) -> usize {
-        let d = self.cfg.bucket;
+    /// Keeps buckets inside the tensors of `layout`.
+    pub fn with_layout(mut self, layout: &[usize]) -> Self {
+        self.layout = layout.to_vec();
+        self
+    }
+
+    /// The buckets of a gradient of `n` elements.
+    pub fn buckets(&self, n: usize) -> Vec<Range<usize>> {
+        buckets(&self.layout, n, self.cfg.bucket)
+    }
+
+    fn fixed_len(&self, bks: &[Range<usize>]) -> usize {
         let w = self.cfg.width();
-        let full = n / d;
-        let tail = n % d;
-        full * (4 + packed_bytes(d, w))
-            + if tail > 0 {
-                4 + packed_bytes(tail, w)
-            } else {
-                0
-            }
+        bks.iter().map(|b| 4 + packed_bytes(b.len(), w)).sum()
     }
 
     fn encode_elias(&self, key: u32, grad: &[f32], out: &mut Vec<u8>) {
@@ -334,10 +360,11 @@ impl Qsgd {
         let sf = s as f32;
         let mut w = BitWriter::new(out);
         let mut lv: Vec<i32> = Vec::with_capacity(self.cfg.bucket.min(grad.len()));
-        for (bi, x) in grad.chunks(self.cfg.bucket).enumerate() {
+        for b in self.buckets(grad.len()) {
+            let x = &grad[b.clone()];
             let m = bucket_norm(x, self.cfg.norm);
             let inv = if m > 0.0 { sf / m } else { 0.0 };
-            let base = (bi * self.cfg.bucket) as u32;
+            let base = b.start as u32;
             lv.clear();
             lv.extend(x.iter().enumerate().map(|(i, &v)| {
                 let l = level(v, inv, sf, s, key, base.wrapping_add(i as u32));
@@ -371,11 +398,9 @@ impl Qsgd {
         mut f: impl FnMut(usize, f32),
     ) -> Result<(), DecodeError> {
         let mut r = BitReader::new(body);
-        let d = self.cfg.bucket;
         let s = self.cfg.levels;
-        let mut start = 0;
-        while start < n {
-            let c = d.min(n - start);
+        for b in self.buckets(n) {
+            let (start, c) = (b.start, b.len());
             let m = finite(f32::from_bits(r.get(32)?), "qsgd scale")?;
             let unit = m / s as f32;
             let nnz = r.omega(c as u32 + 1, "qsgd nnz")? - 1;
@@ -393,7 +418,6 @@ impl Qsgd {
                 let l = r.omega(s, "qsgd level")? as f32;
                 f(start + idx as usize, if neg { -l * unit } else { l * unit });
             }
-            start += c;
         }
         let used = r.bytes_used();
         if used != body.len() {
@@ -415,10 +439,11 @@ impl Codec for Qsgd {
         Header::write(out, CodecId::Qsgd, grad.len());
         match self.cfg.coding {
             QsgdCoding::Fixed => {
-                out.resize(HEADER_LEN + self.fixed_len(grad.len()), 0);
+                let bks = self.buckets(grad.len());
+                out.resize(HEADER_LEN + self.fixed_len(&bks), 0);
                 let body = &mut out[HEADER_LEN..];
                 let cfg = &self.cfg;
-                by_width!(cfg.width(), encode_fixed, cfg, key, grad, body)
+                by_width!(cfg.width(), encode_fixed, cfg, &bks, key, grad, body)
             }
             QsgdCoding::Elias => self.encode_elias(key, grad, out),
         }
@@ -428,9 +453,10 @@ impl Codec for Qsgd {
         let body = Header::check(payload, CodecId::Qsgd, acc.len())?;
         match self.cfg.coding {
             QsgdCoding::Fixed => {
-                expect_len(body, self.fixed_len(acc.len()))?;
+                let bks = self.buckets(acc.len());
+                expect_len(body, self.fixed_len(&bks))?;
                 let cfg = &self.cfg;
-                by_width!(cfg.width(), decode_fixed, cfg, body, acc)
+                by_width!(cfg.width(), decode_fixed, cfg, &bks, body, acc)
             }
             QsgdCoding::Elias => {
                 self.walk_elias(body, acc.len(), |_, _| ())?;

@@ -262,6 +262,7 @@ mod tests {
             rank,
             world_size: 4,
             layout: vec![],
+            ..Default::default()
         };
         RandomK::new(cfg, &ctx)
     }

@@ -13,24 +13,31 @@
 //! variance explodes.) The Bernoulli draws come from
 //! the codec's `(seed, rank, step)` stream ([`crate::StepRng`]).
 //!
+//! The output layer stays in float by default (`output=float`), as in the reference code
+//! (wenwei202/terngrad leaves the last classification layer unternarized): tensors whose
+//! [`crate::TensorRole`] is `Output` in [`crate::BuildContext::tensors`] travel as plain f32.
+//! `output=ternary` ternarizes them like the rest. Without shapes and roles, every tensor is
+//! ternarized.
+//!
 //! Wire layout: the 12-byte [`crate::Header`] (codec 8), then for each tensor of the layout
-//! (or the whole gradient when the layout does not match) of `d` elements:
+//! (or the whole gradient when the layout does not match) of `d` elements, either (ternary)
 //! ```text
 //! 0..4                s     f32  the scale
 //! 4..4+4*ceil(d/16)   codes      2 bits each: 0 = 0, 1 = +s, 2 = -s (3 is invalid),
 //!                                16 per u32 word, lane-packed (see `pack.rs`)
 //! ```
+//! or, for an output-layer tensor kept in float, `4 d` bytes of little-endian f32.
 //! Ratio: `32 d / (32 + 32 ceil(d/16))`, about 16.
 
 use std::fmt;
 
-use crate::layout::{expect_len, f32_at, finite, segments};
+use crate::layout::{add_f32_le, expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add, LANES};
 use crate::rng::uniform;
 use crate::simd::multiversion;
 use crate::{
     BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress, StateReader,
-    StateWriter, StepRng, HEADER_LEN,
+    StateWriter, StepRng, TensorRole, HEADER_LEN,
 };
 
 /// Parameters of TernGrad.
@@ -38,6 +45,9 @@ use crate::{
 pub struct TernGradConfig {
     /// Clip at `clip * sigma` (0: no clipping).
     pub clip: f64,
+    /// Ternarize the output layer too (default off: it travels in float, as in the
+    /// reference code).
+    pub ternarize_output: bool,
     /// Error feedback (default off: TernGrad is unbiased).
     pub ef: bool,
 }
@@ -46,30 +56,44 @@ impl Default for TernGradConfig {
     fn default() -> Self {
         TernGradConfig {
             clip: 2.5,
+            ternarize_output: false,
             ef: false,
         }
     }
 }
 
 impl TernGradConfig {
-    /// Reads `clip=` and `ef=`.
+    /// Reads `clip=`, `output=float|ternary` and `ef=`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         Ok(TernGradConfig {
             clip: p.f64_in("clip", Some(2.5), 0.0, 1e6)?,
+            ternarize_output: p.choice("output", "float", &["float", "ternary"])? == "ternary",
             ef: p.bool("ef", false)?,
         })
     }
 
     /// The runtime codec.
     pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
-        let c = TernGrad::new(self.clip as f32, &ctx.layout, ctx.seed, ctx.rank);
+        let mut c = TernGrad::new(self.clip as f32, &ctx.layout, ctx.seed, ctx.rank);
+        if !self.ternarize_output && ctx.tensors.len() == ctx.layout.len() {
+            c.float = ctx
+                .tensors
+                .iter()
+                .map(|t| t.role == TensorRole::Output)
+                .collect();
+        }
         crate::feedback::maybe_wrap(c, self.ef)
     }
 }
 
 impl fmt::Display for TernGradConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "clip={},ef={}", self.clip, self.ef)
+        let output = if self.ternarize_output {
+            "ternary"
+        } else {
+            "float"
+        };
+        write!(f, "clip={},output={output},ef={}", self.clip, self.ef)
     }
 }
 
@@ -81,6 +105,8 @@ pub struct TernGrad {
     rng: StepRng,
     /// The agreed per-tensor scales for the next encode.
     shared: Option<Vec<f32>>,
+    /// Per tensor of the layout: sent as plain f32 (the output layer). Empty: none.
+    float: Vec<bool>,
 }
 
 /// Clip bound and local scale of one tensor: `(c sigma or inf, max |clipped|)`.
@@ -125,23 +151,51 @@ impl TernGrad {
             layout: layout.to_vec(),
             rng: StepRng::new(seed, rank),
             shared: None,
+            float: Vec::new(),
         }
     }
 
+    /// The tensors of a gradient of `n` elements, each with whether it travels in float.
+    fn tensors(&self, n: usize) -> Vec<(std::ops::Range<usize>, bool)> {
+        let segs: Vec<_> = segments(&self.layout, n).collect();
+        let fits = segs.len() == self.float.len();
+        segs.into_iter()
+            .enumerate()
+            .map(|(t, s)| (s, fits && self.float[t]))
+            .collect()
+    }
+
     fn body_len(&self, n: usize) -> usize {
-        segments(&self.layout, n)
-            .map(|s| 4 + packed_bytes(s.len(), 2))
+        self.tensors(n)
+            .iter()
+            .map(|(s, float)| seg_len(s.len(), *float))
             .sum()
     }
 }
 
+/// Bytes of one tensor of `d` elements on the wire.
+fn seg_len(d: usize, float: bool) -> usize {
+    if float {
+        4 * d
+    } else {
+        4 + packed_bytes(d, 2)
+    }
+}
+
 multiversion! {
-    fn encode_all(layout: &[usize], clip: f32, key: u32, shared: Option<&[f32]>, grad: &[f32], body: &mut [u8]) {
+    fn encode_all(tensors: &[(std::ops::Range<usize>, bool)], clip: f32, key: u32, shared: Option<&[f32]>, grad: &[f32], body: &mut [u8]) {
         let mut at = 0;
-        for (t, seg) in segments(layout, grad.len()).enumerate() {
+        for (t, (seg, float)) in tensors.iter().enumerate() {
             let x = &grad[seg.clone()];
-            let len = 4 + packed_bytes(x.len(), 2);
+            let len = seg_len(x.len(), *float);
             let dst = &mut body[at..at + len];
+            if *float {
+                for (d, v) in dst.chunks_exact_mut(4).zip(x) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+                at += len;
+                continue;
+            }
             let (bound, local) = tensor_stats(x, clip);
             // A shared scale below the local one (a caller's mistake) would bias the codes.
             let s = shared.and_then(|v| v.get(t)).map_or(local, |&v| v.max(local));
@@ -158,10 +212,15 @@ multiversion! {
 }
 
 multiversion! {
-    fn decode_all(layout: &[usize], body: &[u8], acc: &mut [f32]) {
+    fn decode_all(tensors: &[(std::ops::Range<usize>, bool)], body: &[u8], acc: &mut [f32]) {
         let mut at = 0;
-        for seg in segments(layout, acc.len()) {
-            let len = 4 + packed_bytes(seg.len(), 2);
+        for (seg, float) in tensors.iter().cloned() {
+            let len = seg_len(seg.len(), float);
+            if float {
+                add_f32_le(&body[at..at + len], &mut acc[seg]);
+                at += len;
+                continue;
+            }
             let s = f32_at(body, at);
             unpack_add::<2>(&body[at + 4..at + len], &mut acc[seg], |c| {
                 ((c & 1) as f32 - (c >> 1) as f32) * s
@@ -181,8 +240,9 @@ impl Codec for TernGrad {
         let shared = self.shared.take();
         Header::write(out, CodecId::TernGrad, grad.len());
         out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        let tensors = self.tensors(grad.len());
         encode_all(
-            &self.layout,
+            &tensors,
             self.clip,
             key,
             shared.as_deref(),
@@ -194,9 +254,14 @@ impl Codec for TernGrad {
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         let body = Header::check(payload, CodecId::TernGrad, acc.len())?;
         expect_len(body, self.body_len(acc.len()))?;
+        let tensors = self.tensors(acc.len());
         let mut at = 0;
-        for seg in segments(&self.layout, acc.len()) {
-            let len = 4 + packed_bytes(seg.len(), 2);
+        for (seg, float) in tensors.iter().cloned() {
+            let len = seg_len(seg.len(), float);
+            if float {
+                at += len;
+                continue;
+            }
             finite(f32_at(body, at), "terngrad scale")?;
             let mut bad = 0u32;
             for c in body[at + 4..at + len].chunks_exact(4) {
@@ -211,7 +276,7 @@ impl Codec for TernGrad {
             }
             at += len;
         }
-        decode_all(&self.layout, body, acc);
+        decode_all(&tensors, body, acc);
         Ok(())
     }
 

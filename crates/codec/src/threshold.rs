@@ -5,9 +5,19 @@
 //! `r > tau` sends `+tau` (and `r -= tau`), every element with `r < -tau` sends `-tau` (and
 //! `r += tau`); the rest sends nothing. Values are implicit, so only index and sign travel.
 //!
-//! Strom's messages are unbounded (a too small `tau` sends everything); here at most
-//! `ceil(max_ratio * n)` elements are sent per step (default `max_ratio=0.01`): when more
-//! qualify, those of largest `|r|` are sent and the others simply stay in the residual.
+//! As in the paper, messages are unbounded by default (a too small `tau` sends everything).
+//! The named option `max_ratio=f` (< 1) caps them at `ceil(f * n)` elements per step: when
+//! more qualify, those of largest `|r|` are sent and the others stay in the residual (the
+//! bound Dryden 2016 adds for the same reason). `max_ratio=1` (the default) is no cap.
+//!
+//! Units of `tau`: the codec thresholds what it is given, this rank's gradient (of its local
+//! mean loss, before the learning rate), accumulated in the residual. Each element sent stands
+//! for `+-tau`; the compressed all-reduces sum the ranks' messages, and with `Reduce::Mean`
+//! divide by `P`, so one sent element moves the applied gradient by `tau / P` (by `tau` with
+//! `Reduce::Sum`), and the weight by `lr * tau / P`. Strom's `tau` is on the weight update
+//! every node applies from every peer's message (summed, not averaged): a paper value
+//! `tau_update` corresponds here to `tau = tau_update / lr` with `Reduce::Sum`, or
+//! `tau = P * tau_update / lr` with `Reduce::Mean`.
 //!
 //! Wire layout (little-endian):
 //! ```text
@@ -28,12 +38,13 @@ use crate::{
     StateReader, StateWriter, HEADER_LEN,
 };
 
-/// Parameters of `threshold:tau=0.01[,max_ratio=0.01]`.
+/// Parameters of `threshold:tau=0.01[,max_ratio=1]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThresholdConfig {
     /// The threshold, > 0 (required).
     pub tau: f64,
-    /// Most elements sent per step, as a fraction of the gradient (default 0.01).
+    /// Most elements sent per step, as a fraction of the gradient (default 1: no cap, as in
+    /// the paper).
     pub max_ratio: f64,
 }
 
@@ -41,7 +52,7 @@ impl ThresholdConfig {
     /// Reads `tau` and `max_ratio`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         let tau = p.f64_in("tau", None, 1e-30, f32::MAX as f64)?;
-        let max_ratio = p.f64_in("max_ratio", Some(0.01), 1e-9, 1.0)?;
+        let max_ratio = p.f64_in("max_ratio", Some(1.0), 1e-9, 1.0)?;
         Ok(ThresholdConfig { tau, max_ratio })
     }
 
@@ -231,6 +242,22 @@ mod tests {
         (0..n as u32)
             .map(|i| (((i ^ seed).wrapping_mul(2654435761) >> 8) % 2001) as f32 / 1000.0 - 1.0)
             .collect()
+    }
+
+    /// The paper's default: no cap; every element beyond tau is sent.
+    #[test]
+    fn uncapped_by_default_capped_when_asked() {
+        let g = grad(10_000, 1);
+        let beyond = g.iter().filter(|x| x.abs() > 0.1).count();
+        assert!(beyond > 5000);
+        let mut s = SparseGrad::default();
+        let mut c = codec("threshold:tau=0.1");
+        assert_eq!(c.cfg.to_string(), "tau=0.1,max_ratio=1");
+        c.select(&g, &mut s);
+        assert_eq!(s.indices.len(), beyond);
+        let mut c = codec("threshold:tau=0.1,max_ratio=0.01");
+        c.select(&g, &mut s);
+        assert_eq!(s.indices.len(), 100);
     }
 
     #[test]

@@ -327,6 +327,7 @@ mod tests {
             rank: 0,
             world_size: 1,
             layout,
+            ..Default::default()
         };
         TopK::new(cfg, &ctx)
     }

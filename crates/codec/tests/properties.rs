@@ -3,7 +3,9 @@
 //! real payload, nor on random bytes), the spec string round-trips, and saved state resumes
 //! exactly. A codec joins these tests by adding an example.
 
-use gradwire_codec::{BuildContext, Codec, CodecConfig, DecodeError, Progress, HEADER_LEN};
+use gradwire_codec::{
+    BuildContext, Codec, CodecConfig, DecodeError, Progress, TensorInfo, TensorRole, HEADER_LEN,
+};
 use proptest::prelude::*;
 
 fn ctx(layout: Vec<usize>) -> BuildContext {
@@ -12,6 +14,7 @@ fn ctx(layout: Vec<usize>) -> BuildContext {
         rank: 1,
         world_size: 4,
         layout,
+        ..Default::default()
     }
 }
 
@@ -109,8 +112,14 @@ fn no_panic_on_truncation_or_bit_flips_and_truncation_is_refused() {
     let n: usize = layout.iter().sum();
     let g = grad(n, 3);
     for cfg in CodecConfig::examples() {
-        for lay in [Vec::new(), layout.clone()] {
-            let mut c = cfg.build(&ctx(lay));
+        // Shapes unknown, layout only, then shapes and roles (columns, 1-D rule, output layer).
+        let shaped = ctx(Vec::new()).with_tensors(vec![
+            TensorInfo::new([30, 10], TensorRole::LinearWeight),
+            TensorInfo::new([7], TensorRole::Bias),
+            TensorInfo::new([3, 71], TensorRole::Output),
+        ]);
+        for cx in [ctx(Vec::new()), ctx(layout.clone()), shaped] {
+            let mut c = cfg.build(&cx);
             let mut out = Vec::new();
             encode_steps(&mut c, &g, 3, &mut out);
             let mut acc = vec![0f32; n];

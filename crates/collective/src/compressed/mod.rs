@@ -3,10 +3,17 @@
 //! - [`GatherDecode`]: encode, all-gather the payloads, `decode_add` each into the output
 //!   (no dense temporary per peer). For any codec, and the only choice for unbiased
 //!   stochastic ones and codecs with a shared scalar (TernGrad).
-//! - [`QuantizedAllReduce`]: Dryden et al. 2016's quantized ring reduce-scatter +
+//! - [`StripeAllReduce`]: 1-bit SGD's stripes (Seide 2014, CNTK) and Dryden 2016's direct
+//!   exchange: each rank quantizes its slice for each owner once, the owner sums and
+//!   re-quantizes once, the stripes are all-gathered: two quantizations in series, for any
+//!   dense quantizing codec. The choice for `onebit`, `adaptive` and the other quantizers.
+//! - [`QuantizedAllReduce`] (deprecated, see its module doc): Dryden et al. 2016's quantized ring reduce-scatter +
 //!   all-gather (1-bit SGD's stripes): each hop sends a compressed chunk, the owner adds in
 //!   full precision and re-compresses once for the all-gather; error feedback on both legs
 //!   lives in the per-chunk / per-leg codecs the caller's factory builds.
+//! - [`PowerSgdAllReduce`]: PowerSGD as published (Vogels 2019): `P` and then `Q` all-reduced,
+//!   orthogonalized in between, error feedback, warm start; the `powersgd` codec through
+//!   [`GatherDecode`] is the local variant (each rank's own approximation, summed).
 //! - [`SparseAllReduce`]: for sparsifying codecs (top-k, DGC, threshold): recursive doubling
 //!   over sorted (index, value) lists, merged as they are reduced, with a dense fallback, so
 //!   the bytes do not grow as `P × k` when the ranks' index sets overlap.
@@ -14,14 +21,18 @@
 //! Each all-reduce sums (or averages) and leaves every rank with bit-identical results.
 
 mod gather_decode;
+mod powersgd;
 mod quantized;
 mod sparse;
 mod sparse_wire;
+mod stripe;
 
 pub use gather_decode::GatherDecode;
+pub use powersgd::{initial_q, orthogonalize, PowerSgdAllReduce, PowerSgdTensor};
 pub use quantized::{Leg, QuantizedAllReduce};
 pub use sparse::{SparseAllReduce, DENSE_FRACTION};
 pub use sparse_wire::HEADER as SPARSE_HEADER_LEN;
+pub use stripe::{OwnContribution, StripeAllReduce, StripePlan};
 
 /// How a compressed all-reduce combines the ranks' gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

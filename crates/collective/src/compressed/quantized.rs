@@ -1,6 +1,15 @@
 //! Quantized ring reduce-scatter + all-gather (Dryden, Moon, Jacobs, Van Essen, MLHPC 2016;
 //! the stripes of 1-bit SGD, Seide et al. 2014).
 //!
+//! **Deprecated: use [`super::StripeAllReduce`].** This forwarding ring re-quantizes each
+//! partial sum at every hop, `P` quantizations in series, where the papers' exchange has two.
+//! Measured at P=4 (tests/stripe.rs, `stripe_bytes_vs_gather_and_ring`, equal columns) it does
+//! not win on bytes (1-bit SGD, LeNet: 8712 bytes per rank vs 8772 for the stripes; 1M-element
+//! MLP: 203064 vs 203028; adaptive: 7627 vs 7069 and 175652 vs 157486), nor on the error-feedback
+//! running mean after 100 steps (tests/feedback.rs; 1-bit P=4: 0.064 vs 0.058; P=8: 0.082 vs
+//! 0.074; adaptive P=8: 0.405 vs 0.355), and it refuses TernGrad.
+//! It is kept for comparison and for callers not yet moved.
+//!
 //! ```text
 //! reduce-scatter: step s, rank r: encode(partial chunk r-s-1) with codec rs[r-s-1] ──▶ right
 //!                                 decode_add(payload from left) into chunk r-s-2 (f32 add)

@@ -8,7 +8,9 @@ use gradwire_transport::{local::Local, Transport};
 mod compressed;
 mod dense;
 mod feedback;
+mod powersgd;
 mod real_codecs;
+mod stripe;
 
 /// A world factory: builds `n` connected ranks.
 pub(crate) type WorldFactory = dyn Fn(usize) -> Vec<Box<dyn Transport>> + Sync;

@@ -27,6 +27,7 @@ fn ctx(rank: usize, world: usize, salt: u64) -> BuildContext {
         rank,
         world_size: world,
         layout: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -125,6 +125,7 @@ impl<T: Transport> CompressedSync<T> {
             rank: transport.rank(),
             world_size: transport.world_size(),
             layout,
+            ..Default::default()
         };
         let strategy = strategy.resolve(config.id());
         let codec = config.build(&ctx);
@@ -182,6 +183,7 @@ impl<T: Transport> CompressedSync<T> {
                     rank,
                     world_size: world,
                     layout: vec![n],
+                    ..Default::default()
                 })
             }));
         }
