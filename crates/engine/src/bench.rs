@@ -3,8 +3,9 @@
 //!
 //! - `per_tensor`: one blocking `Collectives::all_reduce` (mean) per tensor, in order;
 //! - `flat`: copy every tensor into one buffer, one blocking all-reduce, copy back;
-//! - `engine`: submit every tensor to an [`Engine`] (non-blocking), then wait on all handles
-//!   (negotiation, fusion and the canonical dense all-reduce included).
+//! - `engine`: submit every tensor to an [`Engine`] (non-blocking, one `all_reduce` each, as a
+//!   backward pass would), [`Engine::flush`], then wait on all handles (negotiation, fusion and
+//!   the engine's dense all-reduce included).
 //!
 //! Every rank must call [`run`] with the same case and repetitions.
 
@@ -112,6 +113,10 @@ pub struct BenchResult {
     pub per_tensor_ms: f64,
     /// Median ms of one blocking all-reduce of everything concatenated.
     pub flat_ms: f64,
+    /// Engine mode: negotiation rounds per repetition (mean; idle rounds included).
+    pub engine_rounds: f64,
+    /// Engine mode: fused collectives per repetition (mean).
+    pub engine_collectives: f64,
 }
 
 impl BenchResult {
@@ -196,19 +201,25 @@ pub fn run<T: Transport + 'static>(
 
     let engine = Engine::start(transport, config, &tensors)?;
     let mut times = Vec::new();
+    let (mut rounds, mut groups) = (0u64, 0u64);
     for rep in 0..=reps {
         engine.all_reduce("bench.barrier", vec![0.0]).wait()?;
+        let s0 = engine.stats();
         let t0 = Instant::now();
         let handles: Vec<_> = tensors
             .iter()
             .zip(g.drain(..))
             .map(|(t, x)| engine.all_reduce(&t.name, x))
             .collect();
+        engine.flush();
         for h in handles {
             g.push(h.wait()?);
         }
         if rep > 0 {
             times.push(t0.elapsed().as_secs_f64() * 1e3);
+            let s1 = engine.stats();
+            rounds += s1.cycles - s0.cycles;
+            groups += s1.stragglers.collectives - s0.stragglers.collectives;
         }
     }
     let transport = engine.shutdown()?;
@@ -223,6 +234,8 @@ pub fn run<T: Transport + 'static>(
             engine_ms: median(times),
             per_tensor_ms: median(per_tensor),
             flat_ms: median(flat),
+            engine_rounds: rounds as f64 / reps as f64,
+            engine_collectives: groups as f64 / reps as f64,
         },
         transport,
     ))

@@ -104,6 +104,12 @@ pub enum DenseAlgorithm {
     /// equal to a naive rank-order sum). Same bytes as the ring: `2 (P-1)/P` of the buffer.
     #[default]
     Canonical,
+    /// Always the collective layer's Rabenseifner all-reduce (recursive halving, then
+    /// doubling; non-power-of-two worlds fold their extra ranks in first): `2 log2 P` steps
+    /// instead of `2 (P-1)`, same bytes. Every element is summed along the same hypercube
+    /// tree (`(g0 + g2) + (g1 + g3)` on 4 ranks) whatever its position, so fused and unfused
+    /// results are bit-identical too, but they differ from a rank-order sum in the last bits.
+    Tree,
     /// The collective layer's all-reduce with [`EngineConfig::collective`] (recursive
     /// doubling, Rabenseifner or ring by size). Faster for small worlds on latency-bound
     /// links, but fusion can change the last bits of a result (an element's summation order
@@ -289,8 +295,10 @@ pub struct EngineConfig {
     /// Ready tensors of one policy are fused into buffers of at most this many raw fp32
     /// bytes (a bigger tensor travels alone); 0 turns fusion off. Default 4 MiB.
     pub fusion_bytes: usize,
-    /// Negotiation cadence: an idle rank joins a negotiation round at least this often, and
-    /// waits at most this long for more submissions before one (default 1 ms).
+    /// Negotiation cadence (default 1 ms): a rank with tensors pending joins a round at least
+    /// this often, one with nothing pending every 10 cycles; after a first submission it waits
+    /// for the queue to go quiet (an eighth of a cycle, 20..200 µs), a flush, or at most this
+    /// long before a round.
     pub cycle_time: Duration,
     /// Warn (`tracing::warn!`, and a [`StallReport`](crate::StallReport)) when a tensor has
     /// been submitted by some ranks but not all for this long (default 60 s; `None`: off).

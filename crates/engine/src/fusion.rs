@@ -3,7 +3,8 @@
 //!
 //! **Fused and unfused results are bit-identical**, by construction, per strategy:
 //! - *dense* with [`DenseAlgorithm::Canonical`](crate::DenseAlgorithm): every element is summed
-//!   in rank order whatever its position in the buffer (see `dense.rs`). With
+//!   in rank order whatever its position in the buffer (see `dense.rs`); with
+//!   `DenseAlgorithm::Tree` (always Rabenseifner) along the same hypercube tree. With
 //!   `DenseAlgorithm::Collective` this does **not** hold (a ring sums an element in an order
 //!   set by its chunk), and is not claimed.
 //! - *gather*: codec state and encoding stay per tensor; only the payloads are concatenated
@@ -213,6 +214,13 @@ impl Exec {
                 buf,
                 self.collective.segment_bytes(),
                 &mut self.scratch,
+            )?,
+            DenseAlgorithm::Tree => gradwire_collective::all_reduce(
+                t,
+                buf,
+                ReduceOp::Mean,
+                Algorithm::Rabenseifner,
+                self.collective.segment_bytes(),
             )?,
             DenseAlgorithm::Collective => {
                 gradwire_collective::all_reduce_config(t, buf, ReduceOp::Mean, &self.collective)?

@@ -48,6 +48,7 @@ mod dense;
 mod error;
 pub mod fusion;
 mod handle;
+mod rd_gather;
 mod stats;
 pub mod timeline;
 mod wire;
@@ -86,7 +87,7 @@ pub struct Engine {
     worker: Option<JoinHandle<Option<Box<dyn Transport>>>>,
     rank: usize,
     world: usize,
-    registered: HashMap<String, (usize, Descriptor)>,
+    registered: HashMap<String, Arc<Descriptor>>,
     policies: Vec<Policy>,
 }
 
@@ -129,8 +130,7 @@ impl Engine {
         lock(&shared.stats).bytes.negotiation_bytes += t.bytes_sent().saturating_sub(before);
         let registered = descs
             .iter()
-            .enumerate()
-            .map(|(i, d)| (d.name.clone(), (i, d.clone())))
+            .map(|d| (d.name.clone(), Arc::new(d.clone())))
             .collect();
         let w = Worker::new(t, shared.clone(), config, &policies);
         let worker = std::thread::Builder::new()
@@ -174,19 +174,28 @@ impl Engine {
             .expect("one handle")
     }
 
-    /// [`Engine::all_reduce`] of several tensors, queued at once (so a cycle sees all of them
-    /// and can fuse them); handles in the same order.
+    /// [`Engine::all_reduce`] of several tensors, queued at once and flushed (so the next
+    /// round sees all of them and can fuse them); handles in the same order.
     pub fn all_reduce_batch(&self, tensors: Vec<(String, Vec<f32>)>) -> Vec<Handle> {
         let items = tensors
             .into_iter()
             .map(|(name, data)| (self.all_reduce_descriptor(&name, data.len()), data))
             .collect();
-        self.submit_many(items)
+        let handles = self.submit_many(items);
+        self.flush();
+        handles
     }
 
-    fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Descriptor> {
+    /// Tells the progress thread that this burst of submissions is complete (e.g. backward
+    /// is done): it negotiates at once instead of waiting for the queue to go quiet.
+    pub fn flush(&self) {
+        lock(&self.shared.queue).flush = true;
+        self.shared.wake.notify_one();
+    }
+
+    fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Arc<Descriptor>> {
         match self.registered.get(name) {
-            Some((_, d)) => {
+            Some(d) => {
                 let expected = d.shape.iter().product::<u64>() as usize;
                 if len != expected {
                     return Err(Error::LengthMismatch {
@@ -195,7 +204,7 @@ impl Engine {
                         got: len,
                     });
                 }
-                Ok(d.clone())
+                Ok(Arc::clone(d))
             }
             None => Ok(adhoc(name, OpKind::AllReduce, 0, len, worker::ADHOC_POLICY)),
         }
@@ -244,14 +253,17 @@ impl Engine {
         })
     }
 
-    fn submit(&self, desc: Descriptor, data: Vec<f32>) -> Handle {
+    fn submit(&self, desc: Arc<Descriptor>, data: Vec<f32>) -> Handle {
         self.submit_many(vec![(Ok(desc), data)])
             .pop()
             .expect("one handle")
     }
 
-    fn submit_many(&self, items: Vec<(Result<Descriptor>, Vec<f32>)>) -> Vec<Handle> {
+    fn submit_many(&self, items: Vec<(Result<Arc<Descriptor>>, Vec<f32>)>) -> Vec<Handle> {
         let mut q = lock(&self.shared.queue);
+        // Only the first submission of a burst wakes the progress thread; it then waits for
+        // the queue to go quiet (or a flush) by itself.
+        let was_empty = q.subs.is_empty();
         let progress = q.progress;
         let ready_us = now_us();
         let handles = items
@@ -285,7 +297,9 @@ impl Engine {
             })
             .collect();
         drop(q);
-        self.shared.wake.notify_one();
+        if was_empty {
+            self.shared.wake.notify_one();
+        }
         handles
     }
 
@@ -364,15 +378,15 @@ impl Drop for Engine {
     }
 }
 
-fn adhoc(name: &str, op: OpKind, root: usize, len: usize, policy: &str) -> Descriptor {
-    Descriptor {
+fn adhoc(name: &str, op: OpKind, root: usize, len: usize, policy: &str) -> Arc<Descriptor> {
+    Arc::new(Descriptor {
         name: name.to_string(),
         op,
         dtype: 0,
         root: root as u32,
         shape: vec![len as u64],
         policy: policy.to_string(),
-    }
+    })
 }
 
 /// Every rank's registered descriptors must equal rank 0's, position by position.

@@ -38,7 +38,7 @@ use crate::wire::{Descriptor, Message, OpKind};
 
 /// One submitted operation, waiting in the queue or pending negotiation.
 pub(crate) struct Submission {
-    pub desc: Descriptor,
+    pub desc: Arc<Descriptor>,
     pub data: Vec<f32>,
     pub slot: Arc<Slot>,
     pub ready_us: u64,
@@ -62,6 +62,8 @@ pub(crate) struct Queue {
     pub fatal: Option<Error>,
     pub exited: bool,
     pub progress: Progress,
+    /// The submitter says its burst is complete: negotiate without waiting for a quiet gap.
+    pub flush: bool,
 }
 
 /// Locks a mutex, ignoring poisoning (the progress thread never panics while holding one).
@@ -122,6 +124,8 @@ pub(crate) struct Worker {
     exec: Exec,
     msg_buf: Vec<u8>,
     gathered: Vec<Vec<u8>>,
+    rd_send: Vec<u8>,
+    rd_recv: Vec<u8>,
     announced_shutdown: bool,
 }
 
@@ -149,6 +153,8 @@ impl Worker {
             warned: HashSet::new(),
             msg_buf: Vec::new(),
             gathered: Vec::new(),
+            rd_send: Vec::new(),
+            rd_recv: Vec::new(),
             announced_shutdown: false,
         };
         for (i, p) in policies.iter().enumerate() {
@@ -247,23 +253,51 @@ impl Worker {
 
     fn wait_for_cycle(&mut self, last: &mut Instant) -> (Vec<Submission>, bool) {
         let cycle = self.cfg.cycle_time.max(Duration::from_micros(50));
+        // A burst of submissions (a backward pass handing over its gradients one by one)
+        // should reach one round together: once something is queued, wait until the queue
+        // has been quiet for `gap`, or a flush, or `cycle` since the burst began.
+        let gap = (cycle / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
         let mut q = lock(&self.shared.queue);
+        let mut burst: Option<Instant> = None;
         loop {
-            if !q.subs.is_empty() || (q.shutdown && !self.announced_shutdown) {
+            if q.shutdown && !self.announced_shutdown {
                 break;
             }
-            let elapsed = last.elapsed();
-            if elapsed >= cycle {
-                break;
-            }
+            let queued = q.subs.len();
+            let wait = if queued == 0 {
+                // With tensors pending here, rounds every `cycle` (they may become ready
+                // any moment); with nothing pending, idle rounds ten times less often (the
+                // others only need us for stall inspection and shutdown: a submission of
+                // ours starts a round at once).
+                let period = if self.pending.is_empty() {
+                    cycle * 10
+                } else {
+                    cycle
+                };
+                let elapsed = last.elapsed();
+                if elapsed >= period {
+                    break; // a round the others may be waiting in
+                }
+                period - elapsed
+            } else {
+                let began = *burst.get_or_insert_with(Instant::now);
+                if q.flush || began.elapsed() >= cycle {
+                    break;
+                }
+                gap.min(cycle - began.elapsed())
+            };
             q = self
                 .shared
                 .wake
-                .wait_timeout(q, cycle - elapsed)
+                .wait_timeout(q, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            if queued > 0 && q.subs.len() == queued {
+                break;
+            }
         }
         *last = Instant::now();
+        q.flush = false;
         self.announced_shutdown |= q.shutdown;
         (std::mem::take(&mut q.subs), q.shutdown)
     }
@@ -298,7 +332,7 @@ impl Worker {
                     self.pending.insert(name, (sub, Some(id)));
                 }
                 None => {
-                    msg.requests.push((sub.ready_us, sub.desc.clone()));
+                    msg.requests.push((sub.ready_us, (*sub.desc).clone()));
                     self.pending.insert(name, (sub, None));
                 }
             }
@@ -309,10 +343,12 @@ impl Worker {
         );
         msg.encode(&mut self.msg_buf);
         let before = self.t.bytes_sent();
-        gradwire_collective::gather::all_gather_bytes(
+        crate::rd_gather::all_gather_small(
             &mut *self.t,
             &self.msg_buf,
             &mut self.gathered,
+            &mut self.rd_send,
+            &mut self.rd_recv,
         )?;
         let negotiated_us = now_us();
         let msgs = self
@@ -431,10 +467,11 @@ impl Worker {
     fn inspect(&mut self, msgs: &[Message], now: u64) -> Result<()> {
         let mut stalls: Vec<(String, Vec<usize>, Vec<usize>, u64)> = Vec::new();
         for id in 0..self.entries.len() {
-            let have: Vec<usize> = (0..self.world).filter(|&r| msgs[r].bit(id)).collect();
-            if have.is_empty() || have.len() == self.world {
+            let count = msgs.iter().filter(|m| m.bit(id)).count();
+            if count == 0 || count == self.world {
                 continue;
             }
+            let have: Vec<usize> = (0..self.world).filter(|&r| msgs[r].bit(id)).collect();
             let first = have
                 .iter()
                 .map(|&r| self.ready_at[id][r])

@@ -41,7 +41,7 @@ fn straggler_is_the_rank_that_submitted_last() {
         let rank = t.rank();
         let e = Engine::start(t, EngineConfig::default(), &[TensorSpec::new("w", [4])]).unwrap();
         if rank == 1 {
-            std::thread::sleep(Duration::from_millis(60));
+            std::thread::sleep(Duration::from_millis(200));
         }
         e.all_reduce("w", vec![1.0; 4]).wait().unwrap();
         let s = e.stats();
@@ -51,7 +51,7 @@ fn straggler_is_the_rank_that_submitted_last() {
     for s in stats {
         assert_eq!(s.collectives, 1);
         assert_eq!(s.last_count, vec![0, 1]);
-        assert!(s.max_lag_us >= 50_000, "{s:?}");
+        assert!(s.max_lag_us >= 150_000, "{s:?}");
         assert_eq!(s.recent[0].tensor, "w");
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("last_count"));

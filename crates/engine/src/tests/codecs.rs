@@ -7,7 +7,7 @@ use gradwire_collective::compressed::{GatherDecode, QuantizedAllReduce, Reduce, 
 use gradwire_transport::Transport;
 
 use super::{bits, grad, naive_mean, world};
-use crate::{Engine, EngineConfig, Strategy, TensorSpec};
+use crate::{DenseAlgorithm, Engine, EngineConfig, Strategy, TensorSpec};
 
 const LENS: [usize; 2] = [37, 300];
 const STEPS: usize = 2;
@@ -234,12 +234,13 @@ fn fusion_happens_and_matches_unfused_with_many_tensors() {
         .enumerate()
         .map(|(i, &n)| TensorSpec::new(format!("t{i}"), [n]))
         .collect();
-    let run = |fusion_bytes| {
+    let run = |n, dense, fusion_bytes| {
         let cfg = EngineConfig {
             fusion_bytes,
+            dense,
             ..Default::default()
         };
-        world(4, |t| {
+        world(n, |t| {
             let rank = t.rank();
             let e = Engine::start(t, cfg.clone(), &tensors).unwrap();
             let hs = e.all_reduce_batch(
@@ -254,16 +255,26 @@ fn fusion_happens_and_matches_unfused_with_many_tensors() {
             (out, groups)
         })
     };
-    let fused = run(1 << 20);
-    let unfused = run(0);
-    for ((f, fg), (u, ug)) in fused.iter().zip(&unfused) {
-        assert_eq!(*ug, 40);
-        assert_eq!(
-            *fg, 1,
-            "a batch submitted at once travels as one fused collective"
-        );
-        for (a, b) in f.iter().zip(u) {
-            assert_eq!(bits(a), bits(b));
+    for dense in [DenseAlgorithm::Canonical, DenseAlgorithm::Tree] {
+        for n in [3, 4, 5] {
+            let fused = run(n, dense, 1 << 20);
+            let unfused = run(n, dense, 0);
+            for ((f, fg), (u, ug)) in fused.iter().zip(&unfused) {
+                assert_eq!(*ug, 40);
+                assert_eq!(
+                    *fg, 1,
+                    "a batch submitted at once travels as one fused collective"
+                );
+                for (i, (a, b)) in f.iter().zip(u).enumerate() {
+                    assert_eq!(bits(a), bits(b), "{dense:?} P={n} tensor {i}");
+                }
+            }
+            if dense == DenseAlgorithm::Canonical {
+                for (i, &len) in lens.iter().enumerate() {
+                    let inputs: Vec<_> = (0..n).map(|r| grad(r, 0, i, len)).collect();
+                    assert_eq!(bits(&fused[0].0[i]), bits(&naive_mean(&inputs)));
+                }
+            }
         }
     }
 }

@@ -169,7 +169,7 @@ fn tensor_missing_on_one_rank_gives_stall_warning() {
             Some(e.all_reduce("t1", vec![1.0; 4]))
         } else {
             let deadline = Instant::now() + Duration::from_secs(10);
-            while e.stall_reports().is_empty() {
+            while !e.stall_reports().iter().any(|r| r.tensor == "t1") {
                 assert!(Instant::now() < deadline, "no stall report");
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -182,10 +182,12 @@ fn tensor_missing_on_one_rank_gives_stall_warning() {
         r
     });
     for r in reports {
-        assert_eq!(r.len(), 1, "{r:?}");
-        assert_eq!(r[0].tensor, "t1");
-        assert_eq!(r[0].missing_ranks, vec![2]);
-        assert_eq!(r[0].ready_ranks, vec![0, 1]);
+        // (t0 may be reported too on a very loaded machine: it was submitted by all ranks,
+        // but not necessarily within 50 ms of each other.)
+        let t1: Vec<_> = r.iter().filter(|r| r.tensor == "t1").collect();
+        assert_eq!(t1.len(), 1, "{r:?}");
+        assert_eq!(t1[0].missing_ranks, vec![2]);
+        assert_eq!(t1[0].ready_ranks, vec![0, 1]);
     }
 }
 
