@@ -1,5 +1,5 @@
 //! Tensor fusion: ready tensors of one kind are packed into groups of at most
-//! `fusion_bytes` raw fp32 bytes ([`plan_groups`]) and each group travels as one collective.
+//! `fusion_bytes` raw fp32 bytes (`plan_groups`) and each group travels as one collective.
 //!
 //! **Fused and unfused results are bit-identical**, by construction, per strategy:
 //! - *dense* with [`DenseAlgorithm::Canonical`](crate::DenseAlgorithm): every element is summed

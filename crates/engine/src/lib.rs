@@ -9,10 +9,13 @@
 //!   before anything runs), checks with every rank that they registered the same tensors with
 //!   the same shapes and policies, and hands the transport to a progress thread.
 //! - [`Engine::all_reduce`], [`Engine::all_gather`], [`Engine::broadcast`] return a
-//!   [`Handle`] at once; [`Handle::wait`] / [`Handle::test`] in any order.
+//!   [`Handle`] at once; [`Handle::wait`] / [`Handle::test`] in any order. A backward pass
+//!   submits each gradient as it is produced and calls [`Engine::flush`] at the end (or uses
+//!   [`Engine::all_reduce_batch`]), so the burst reaches one negotiation round and one fused
+//!   collective per kind.
 //! - Each cycle the ranks negotiate which named tensors are ready everywhere (the response
 //!   cache makes it one bit per tensor), and execute them in the same order, fused
-//!   ([`fusion`](crate::fusion) says why fused and unfused results are bit-identical).
+//!   ([`fusion`] says why fused and unfused results are bit-identical).
 //! - Mismatches (name, shape, dtype, op, codec) are errors naming the tensor and the ranks,
 //!   within one cycle; a tensor some ranks never submit is reported by the stall inspector;
 //!   a transport failure reaches every pending handle, naming the rank.
@@ -56,6 +59,13 @@ mod worker;
 
 #[cfg(test)]
 mod tests;
+
+/// Compile-time guard: an engine can be shared between threads (submit from anywhere).
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Engine>();
+    shared::<Handle>();
+};
 
 use std::collections::HashMap;
 use std::path::Path;
