@@ -125,13 +125,16 @@ pub fn write_trace(path: &Path, rank: usize, spans: &[Span]) -> Result<()> {
 
 /// Merges Chrome traces (one per rank) into one: the concatenation of their `traceEvents`.
 /// A document without a `traceEvents` array is an error naming its position.
-pub fn merge_trace_values(docs: &[Value]) -> std::result::Result<Value, String> {
+pub fn merge_trace_values(docs: &[Value]) -> Result<Value> {
     let mut events = Vec::new();
     for (i, d) in docs.iter().enumerate() {
         let ev = d
             .get("traceEvents")
             .and_then(Value::as_array)
-            .ok_or_else(|| format!("trace {i} has no traceEvents array"))?;
+            .ok_or_else(|| Error::Timeline {
+                path: format!("trace #{i}"),
+                reason: "no traceEvents array".into(),
+            })?;
         events.extend(ev.iter().cloned());
     }
     Ok(json!({ "traceEvents": events }))
@@ -148,10 +151,7 @@ pub fn merge_traces(inputs: &[&Path], out: &Path) -> Result<()> {
         let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
         docs.push(serde_json::from_str(&text).map_err(|e| err(e.to_string()))?);
     }
-    let merged = merge_trace_values(&docs).map_err(|reason| Error::Timeline {
-        path: out.display().to_string(),
-        reason,
-    })?;
+    let merged = merge_trace_values(&docs)?;
     std::fs::write(out, merged.to_string()).map_err(|e| Error::Timeline {
         path: out.display().to_string(),
         reason: e.to_string(),
