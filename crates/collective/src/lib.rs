@@ -58,7 +58,7 @@ pub use element::{Element, ParseReduceOpError, ReduceOp};
 pub use error::{Error, Result};
 pub use gradwire_transport::Transport;
 pub use scratch::release_scratch;
-pub use select::{Algorithm, ParseAlgorithmError};
+pub use select::{Algorithm, CollectiveConfig, ParseAlgorithmError};
 
 /// All-reduce with an explicit segment size (what [`Collectives::all_reduce_with`] calls
 /// with [`select::segment_bytes`]).
@@ -80,6 +80,19 @@ pub fn all_reduce<T: Transport + ?Sized, E: Element>(
         }
         Algorithm::Rabenseifner => rabenseifner::all_reduce(t, buf, op, seg_bytes),
     }
+}
+
+/// All-reduce with explicit [`CollectiveConfig`] settings: `Auto` resolves by size only
+/// ([`CollectiveConfig::resolve`]), never from the environment.
+pub fn all_reduce_config<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    buf: &mut [E],
+    op: ReduceOp,
+    config: &CollectiveConfig,
+) -> Result<()> {
+    let world = t.world_size();
+    let algo = config.resolve(std::mem::size_of_val(buf), world);
+    all_reduce(t, buf, op, algo, config.segment_bytes())
 }
 
 /// Reduce-scatter with an explicit segment size: the ring, or recursive halving on

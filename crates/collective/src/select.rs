@@ -73,6 +73,53 @@ impl FromStr for Algorithm {
     }
 }
 
+/// Explicit collective settings: the algorithm override and the segment size, owned by the
+/// caller (the engine) instead of read from the environment into process statics.
+///
+/// [`CollectiveConfig::from_env`] reproduces the old behaviour (`GRADWIRE_ALGO`,
+/// `GRADWIRE_SEGMENT_BYTES`); [`CollectiveConfig::default`] ignores the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectiveConfig {
+    /// The all-reduce algorithm; `Auto` means [`choose`] by size (never the environment).
+    pub algo: Algorithm,
+    /// Segment size in bytes (at least 8): big messages travel in pieces of at most this size.
+    pub segment_bytes: usize,
+}
+
+impl Default for CollectiveConfig {
+    fn default() -> Self {
+        CollectiveConfig {
+            algo: Algorithm::Auto,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+        }
+    }
+}
+
+impl CollectiveConfig {
+    /// The settings the environment gives: `GRADWIRE_ALGO` and `GRADWIRE_SEGMENT_BYTES`
+    /// (as [`env_algorithm`] and [`segment_bytes`] read them), defaults otherwise.
+    pub fn from_env() -> Self {
+        CollectiveConfig {
+            algo: env_algorithm().unwrap_or(Algorithm::Auto),
+            segment_bytes: segment_bytes(),
+        }
+    }
+
+    /// The algorithm for a message of `bytes` bytes on `world` ranks (never `Auto`; the
+    /// environment is not consulted).
+    pub fn resolve(&self, bytes: usize, world: usize) -> Algorithm {
+        match self.algo {
+            Algorithm::Auto => choose(bytes, world),
+            a => a,
+        }
+    }
+
+    /// The segment size, clamped to at least 8 bytes.
+    pub fn segment_bytes(&self) -> usize {
+        self.segment_bytes.max(8)
+    }
+}
+
 /// The all-reduce algorithm for a message of `bytes` bytes on `world` ranks (never `Auto`).
 pub fn choose(bytes: usize, world: usize) -> Algorithm {
     if bytes < SMALL_BYTES || (world <= 2 && bytes < MEDIUM_BYTES) {
@@ -152,5 +199,18 @@ mod tests {
         assert_eq!(choose(MEDIUM_BYTES + 1, 8), Algorithm::Ring);
         assert_eq!(choose(100 << 20, 2), Algorithm::Ring);
         assert_ne!(resolve(Algorithm::Ring, 4, 8), Algorithm::Auto);
+    }
+
+    #[test]
+    fn explicit_config_resolves_without_env() {
+        let c = CollectiveConfig::default();
+        assert_eq!(c.resolve(4, 8), Algorithm::RecursiveDoubling);
+        assert_eq!(c.resolve(100 << 20, 2), Algorithm::Ring);
+        let r = CollectiveConfig {
+            algo: Algorithm::Ring,
+            segment_bytes: 1,
+        };
+        assert_eq!(r.resolve(4, 8), Algorithm::Ring);
+        assert_eq!(r.segment_bytes(), 8);
     }
 }

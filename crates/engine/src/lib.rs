@@ -4,4 +4,442 @@
 //! holds the reduced tensor": the per-tensor compression policy, negotiation of which tensors
 //! are ready, fusion, the progress thread that owns the transport, and the timeline. It must
 //! never know what a model, a data set or an optimizer is.
+//!
+//! - [`Engine::start`] validates an [`EngineConfig`] against the tensor list (a typed error
+//!   before anything runs), checks with every rank that they registered the same tensors with
+//!   the same shapes and policies, and hands the transport to a progress thread.
+//! - [`Engine::all_reduce`], [`Engine::all_gather`], [`Engine::broadcast`] return a
+//!   [`Handle`] at once; [`Handle::wait`] / [`Handle::test`] in any order. A backward pass
+//!   submits each gradient as it is produced and calls [`Engine::flush`] at the end (or uses
+//!   [`Engine::all_reduce_batch`]), so the burst reaches one negotiation round and one fused
+//!   collective per kind.
+//! - Each cycle the ranks negotiate which named tensors are ready everywhere (the response
+//!   cache makes it one bit per tensor), and execute them in the same order, fused
+//!   ([`fusion`] says why fused and unfused results are bit-identical).
+//! - Mismatches (name, shape, dtype, op, codec) are errors naming the tensor and the ranks,
+//!   within one cycle; a tensor some ranks never submit is reported by the stall inspector;
+//!   a transport failure reaches every pending handle, naming the rank.
+//! - The timeline (Chrome trace per rank, [`merge_traces`]), straggler analysis and byte
+//!   accounting ([`EngineStats`]) measure it all.
+//!
+//! ```
+//! use gradwire_engine::{Engine, EngineConfig, TensorSpec};
+//! use gradwire_transport::local::Local;
+//!
+//! let tensors = vec![TensorSpec::new("w", [2, 2]), TensorSpec::new("b", [2])];
+//! let hs: Vec<_> = Local::world(2).into_iter().map(|t| {
+//!     let tensors = tensors.clone();
+//!     std::thread::spawn(move || {
+//!         let r = gradwire_transport::Transport::rank(&t) as f32;
+//!         let e = Engine::start(t, EngineConfig::default(), &tensors).unwrap();
+//!         let b = e.all_reduce("b", vec![r, 1.0]);
+//!         let w = e.all_reduce("w", vec![r; 4]);
+//!         let (w, b) = (w.wait().unwrap(), b.wait().unwrap());
+//!         e.shutdown().unwrap();
+//!         (w, b)
+//!     })
+//! }).collect();
+//! for h in hs {
+//!     assert_eq!(h.join().unwrap(), (vec![0.5; 4], vec![0.5, 1.0]));
+//! }
+//! ```
 #![deny(missing_docs)]
+
+pub mod bench;
+mod config;
+mod dense;
+mod error;
+pub mod fusion;
+mod handle;
+mod rd_gather;
+mod stats;
+pub mod timeline;
+mod wire;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+/// Compile-time guard: an engine can be shared between threads (submit from anywhere).
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Engine>();
+    shared::<Handle>();
+};
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use gradwire_codec::Progress;
+use gradwire_transport::Transport;
+
+pub use config::{
+    tensor_seed, DenseAlgorithm, EngineConfig, MomentumConfig, Policy, Rule, Selector, Strategy,
+    TensorSpec,
+};
+pub use error::{Error, Result};
+pub use gradwire_collective::CollectiveConfig;
+pub use handle::Handle;
+pub use stats::{
+    ByteStats, EngineStats, StallReport, StepBytes, StragglerRecord, StragglerSummary,
+};
+pub use timeline::{merge_traces, now_us, Phase, Span};
+pub use wire::{Descriptor, OpKind};
+
+use worker::{lock, Queue, Shared, Submission, Worker};
+
+/// The non-blocking engine of one rank. Submit from any thread (`&self`); the progress
+/// thread owns the transport until [`Engine::shutdown`].
+pub struct Engine {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<Option<Box<dyn Transport>>>>,
+    rank: usize,
+    world: usize,
+    registered: HashMap<String, Arc<Descriptor>>,
+    policies: Vec<Policy>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("tensors", &self.policies.len())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Validates `config` against `tensors` ([`EngineConfig::plan`]), checks with every rank
+    /// (one all-gather) that all registered the same tensors, shapes and policies (else
+    /// [`Error::Mismatch`] naming the first differing tensor and the ranks), and starts the
+    /// progress thread. Every rank must call it.
+    pub fn start<T: Transport + 'static>(
+        transport: T,
+        config: EngineConfig,
+        tensors: &[TensorSpec],
+    ) -> Result<Engine> {
+        let policies = config.plan(tensors)?;
+        let mut t: Box<dyn Transport> = Box::new(transport);
+        let (rank, world) = (t.rank(), t.world_size());
+        let descs: Vec<Descriptor> = policies
+            .iter()
+            .map(|p| worker::registered_descriptor(p, &config))
+            .collect();
+        let before = t.bytes_sent();
+        check_registration(&mut *t, &descs)?;
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            stats: Mutex::new(EngineStats::default()),
+            spans: Mutex::new(Vec::new()),
+            timeline: config.timeline,
+        });
+        lock(&shared.stats).bytes.negotiation_bytes += t.bytes_sent().saturating_sub(before);
+        let registered = descs
+            .iter()
+            .map(|d| (d.name.clone(), Arc::new(d.clone())))
+            .collect();
+        let w = Worker::new(t, shared.clone(), config, &policies);
+        let worker = std::thread::Builder::new()
+            .name(format!("gradwire-engine-{rank}"))
+            .spawn(move || w.run())
+            .map_err(|e| Error::InvalidSetting {
+                field: "thread",
+                reason: e.to_string(),
+            })?;
+        Ok(Engine {
+            shared,
+            worker: Some(worker),
+            rank,
+            world,
+            registered,
+            policies,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The resolved policy of every registered tensor, in registration order.
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// Mean over ranks of `data`, through the tensor's policy (registered tensors: its codec,
+    /// strategy and momentum correction; an unregistered name: dense, exact, no momentum).
+    /// `data` must have the registered shape's length.
+    pub fn all_reduce(&self, name: &str, data: Vec<f32>) -> Handle {
+        self.submit_many(vec![(self.all_reduce_descriptor(name, data.len()), data)])
+            .pop()
+            .expect("one handle")
+    }
+
+    /// [`Engine::all_reduce`] of several tensors, queued at once and flushed (so the next
+    /// round sees all of them and can fuse them); handles in the same order.
+    pub fn all_reduce_batch(&self, tensors: Vec<(String, Vec<f32>)>) -> Vec<Handle> {
+        let items = tensors
+            .into_iter()
+            .map(|(name, data)| (self.all_reduce_descriptor(&name, data.len()), data))
+            .collect();
+        let handles = self.submit_many(items);
+        self.flush();
+        handles
+    }
+
+    /// Tells the progress thread that this burst of submissions is complete (e.g. backward
+    /// is done): it negotiates at once instead of waiting for the queue to go quiet.
+    pub fn flush(&self) {
+        lock(&self.shared.queue).flush = true;
+        self.shared.wake.notify_one();
+    }
+
+    fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Arc<Descriptor>> {
+        match self.registered.get(name) {
+            Some(d) => {
+                let expected = d.shape.iter().product::<u64>() as usize;
+                if len != expected {
+                    return Err(Error::LengthMismatch {
+                        tensor: name.into(),
+                        expected,
+                        got: len,
+                    });
+                }
+                Ok(Arc::clone(d))
+            }
+            None => Ok(adhoc(name, OpKind::AllReduce, 0, len, worker::ADHOC_POLICY)),
+        }
+    }
+
+    /// Concatenation, in rank order, of every rank's `data` (lengths may differ per rank).
+    /// The name must not be a registered (all-reduce) tensor's.
+    pub fn all_gather(&self, name: &str, data: Vec<f32>) -> Handle {
+        if let Some(h) = self.refuse_registered(name, "all_gather") {
+            return h;
+        }
+        let desc = adhoc(name, OpKind::AllGather, 0, data.len(), "");
+        self.submit(desc, data)
+    }
+
+    /// Rank `root`'s `data` on every rank (every rank passes a buffer of the same length).
+    /// The name must not be a registered (all-reduce) tensor's.
+    pub fn broadcast(&self, name: &str, data: Vec<f32>, root: usize) -> Handle {
+        if let Some(h) = self.refuse_registered(name, "broadcast") {
+            return h;
+        }
+        if root >= self.world {
+            return Handle::failed(
+                name.into(),
+                Error::InvalidSetting {
+                    field: "root",
+                    reason: format!("rank {root} is not in a world of {}", self.world),
+                },
+            );
+        }
+        let desc = adhoc(name, OpKind::Broadcast, root, data.len(), "");
+        self.submit(desc, data)
+    }
+
+    fn refuse_registered(&self, name: &str, op: &str) -> Option<Handle> {
+        self.registered.contains_key(name).then(|| {
+            Handle::failed(
+                name.into(),
+                Error::InvalidSetting {
+                    field: "op",
+                    reason: format!(
+                        "'{name}' is a registered all-reduce tensor; {op} needs another name"
+                    ),
+                },
+            )
+        })
+    }
+
+    fn submit(&self, desc: Arc<Descriptor>, data: Vec<f32>) -> Handle {
+        self.submit_many(vec![(Ok(desc), data)])
+            .pop()
+            .expect("one handle")
+    }
+
+    fn submit_many(&self, items: Vec<(Result<Arc<Descriptor>>, Vec<f32>)>) -> Vec<Handle> {
+        let mut q = lock(&self.shared.queue);
+        // Only the first submission of a burst wakes the progress thread; it then waits for
+        // the queue to go quiet (or a flush) by itself.
+        let was_empty = q.subs.is_empty();
+        let progress = q.progress;
+        let ready_us = now_us();
+        let handles = items
+            .into_iter()
+            .map(|(desc, data)| {
+                let desc = match desc {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let name = match &e {
+                            Error::LengthMismatch { tensor, .. } => tensor.as_str(),
+                            _ => "",
+                        };
+                        return Handle::failed(name.into(), e);
+                    }
+                };
+                let (h, slot) = Handle::new(desc.name.as_str().into());
+                if let Some(e) = &q.fatal {
+                    slot.complete(Err(e.clone()));
+                } else if q.exited || q.shutdown {
+                    slot.complete(Err(Error::ShutDown));
+                } else {
+                    q.subs.push(Submission {
+                        desc,
+                        data,
+                        slot,
+                        ready_us,
+                        progress,
+                    });
+                }
+                h
+            })
+            .collect();
+        drop(q);
+        if was_empty {
+            self.shared.wake.notify_one();
+        }
+        handles
+    }
+
+    /// Where training is: every codec, under every strategy, gets this progress with the
+    /// tensors submitted from now on (DGC's warm-up, seeded RNG streams), and their bytes
+    /// are accounted to `step`.
+    pub fn set_progress(&self, step: u64, epoch: f32) {
+        lock(&self.shared.queue).progress = Progress { step, epoch };
+    }
+
+    /// Records a span of the trainer's (UPDATE, FORWARD, BACKWARD, ...) on this rank's
+    /// timeline (µs from [`now_us`]); ignored unless [`EngineConfig::timeline`] is on.
+    pub fn record_span(&self, name: &str, phase: Phase, start_us: u64, end_us: u64) {
+        if self.shared.timeline {
+            lock(&self.shared.spans).push(Span {
+                tensor: name.to_string(),
+                phase,
+                rank: self.rank,
+                start_us,
+                end_us: end_us.max(start_us),
+            });
+        }
+    }
+
+    /// The spans recorded so far.
+    pub fn timeline(&self) -> Vec<Span> {
+        lock(&self.shared.spans).clone()
+    }
+
+    /// Writes this rank's timeline as Chrome trace JSON (`pid` = rank).
+    pub fn write_timeline(&self, path: &Path) -> Result<()> {
+        let spans = lock(&self.shared.spans);
+        timeline::write_trace(path, self.rank, &spans)
+    }
+
+    /// Bytes, stragglers, stall reports and cycle count so far.
+    pub fn stats(&self) -> EngineStats {
+        lock(&self.shared.stats).clone()
+    }
+
+    /// The stall warnings raised so far (the same on every rank).
+    pub fn stall_reports(&self) -> Vec<StallReport> {
+        lock(&self.shared.stats).stalls.clone()
+    }
+
+    /// Asks to shut down and waits until every rank has asked too (operations already
+    /// submitted everywhere complete first; those some ranks never submitted fail with
+    /// [`Error::NotSubmittedEverywhere`]). Gives the transport back, or the error that
+    /// stopped the engine.
+    pub fn shutdown(mut self) -> Result<Box<dyn Transport>> {
+        self.request_shutdown();
+        let worker = self.worker.take().expect("joined only here");
+        let t = worker.join().map_err(|_| Error::ShutDown)?;
+        match t {
+            Some(t) => Ok(t),
+            None => Err(lock(&self.shared.queue)
+                .fatal
+                .clone()
+                .unwrap_or(Error::ShutDown)),
+        }
+    }
+
+    fn request_shutdown(&self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for Engine {
+    /// Asks to shut down without waiting: the progress thread ends once every rank has asked
+    /// (or the transport fails), so dropping never hangs.
+    fn drop(&mut self) {
+        if self.worker.is_some() {
+            self.request_shutdown();
+        }
+    }
+}
+
+fn adhoc(name: &str, op: OpKind, root: usize, len: usize, policy: &str) -> Arc<Descriptor> {
+    Arc::new(Descriptor {
+        name: name.to_string(),
+        op,
+        dtype: 0,
+        root: root as u32,
+        shape: vec![len as u64],
+        policy: policy.to_string(),
+    })
+}
+
+/// Every rank's registered descriptors must equal rank 0's, position by position.
+fn check_registration(t: &mut dyn Transport, mine: &[Descriptor]) -> Result<()> {
+    let mut buf = Vec::new();
+    wire::encode_list(mine, &mut buf);
+    let mut gathered = Vec::new();
+    gradwire_collective::gather::all_gather_bytes(t, &buf, &mut gathered)?;
+    let lists = gathered
+        .iter()
+        .enumerate()
+        .map(|(r, b)| wire::decode_list(r, b))
+        .collect::<Result<Vec<_>>>()?;
+    let n = lists.iter().map(Vec::len).max().unwrap_or(0);
+    for i in 0..n {
+        let reference = lists[0].get(i);
+        let mut bad = Vec::new();
+        let mut first = None;
+        for (r, l) in lists.iter().enumerate().skip(1) {
+            let diff = match (reference, l.get(i)) {
+                (Some(a), Some(b)) => a.diff(b),
+                (Some(a), None) => Some(("name", a.name.clone(), "(no tensor)".to_string())),
+                (None, Some(b)) => Some(("name", "(no tensor)".to_string(), b.name.clone())),
+                (None, None) => None,
+            };
+            if let Some(d) = diff {
+                bad.push(r);
+                first.get_or_insert((r, d));
+            }
+        }
+        if let Some((r, (field, a, b))) = first {
+            let tensor = reference
+                .map(|d| d.name.clone())
+                .or_else(|| lists[r].get(i).map(|d| d.name.clone()))
+                .unwrap_or_default();
+            return Err(Error::Mismatch {
+                tensor,
+                field,
+                reference: 0,
+                ranks: bad,
+                detail: format!("registered tensor #{i}: rank 0: {a}, rank {r}: {b}"),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! Bench support for `gradwire bench engine`: per rank, over a given transport, time three
+//! ways of averaging a model's gradient tensors and report the medians.
+//!
+//! - `per_tensor`: one blocking `Collectives::all_reduce` (mean) per tensor, in order;
+//! - `flat`: copy every tensor into one buffer, one blocking all-reduce, copy back;
+//! - `engine`: submit every tensor to an [`Engine`] (non-blocking, one `all_reduce` each, as a
+//!   backward pass would), [`Engine::flush`], then wait on all handles (negotiation, fusion and
+//!   the engine's dense all-reduce included).
+//!
+//! Every rank must call [`run`] with the same case and repetitions.
+
+use std::str::FromStr;
+use std::time::Instant;
+
+use gradwire_collective::{Collectives, ReduceOp};
+use gradwire_transport::Transport;
+use serde::{Deserialize, Serialize};
+
+use crate::{Engine, EngineConfig, Error, Result, TensorSpec};
+
+/// A gradient list to bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BenchCase {
+    /// LeNet-5's ten tensors (61,706 parameters).
+    Lenet,
+    /// A two-layer character LSTM (vocabulary 65, embedding 64, hidden 128): 12 tensors.
+    Lstm,
+    /// 1,000 tensors of 200 to 399 floats.
+    ManySmall,
+}
+
+impl BenchCase {
+    /// Every case.
+    pub const ALL: [BenchCase; 3] = [BenchCase::Lenet, BenchCase::Lstm, BenchCase::ManySmall];
+
+    /// The case's name (`lenet`, `lstm`, `many-small`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchCase::Lenet => "lenet",
+            BenchCase::Lstm => "lstm",
+            BenchCase::ManySmall => "many-small",
+        }
+    }
+
+    /// The tensors (name, shape).
+    pub fn tensors(self) -> Vec<TensorSpec> {
+        let t = |n: &str, s: &[usize]| TensorSpec::new(n, s.to_vec());
+        match self {
+            BenchCase::Lenet => vec![
+                t("conv1.weight", &[6, 1, 5, 5]),
+                t("conv1.bias", &[6]),
+                t("conv2.weight", &[16, 6, 5, 5]),
+                t("conv2.bias", &[16]),
+                t("fc1.weight", &[120, 400]),
+                t("fc1.bias", &[120]),
+                t("fc2.weight", &[84, 120]),
+                t("fc2.bias", &[84]),
+                t("fc3.weight", &[10, 84]),
+                t("fc3.bias", &[10]),
+            ],
+            BenchCase::Lstm => vec![
+                t("embed.weight", &[65, 64]),
+                t("lstm0.w_ih", &[512, 64]),
+                t("lstm0.w_hh", &[512, 128]),
+                t("lstm0.b_ih", &[512]),
+                t("lstm0.b_hh", &[512]),
+                t("lstm1.w_ih", &[512, 128]),
+                t("lstm1.w_hh", &[512, 128]),
+                t("lstm1.b_ih", &[512]),
+                t("lstm1.b_hh", &[512]),
+                t("head.weight", &[65, 128]),
+                t("head.bias", &[65]),
+                t("head.scale", &[65]),
+            ],
+            BenchCase::ManySmall => (0..1000)
+                .map(|i| t(&format!("t{i:04}"), &[200 + (i * 37) % 200]))
+                .collect(),
+        }
+    }
+}
+
+impl FromStr for BenchCase {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        BenchCase::ALL
+            .into_iter()
+            .find(|c| c.name() == s.trim())
+            .ok_or_else(|| Error::InvalidSetting {
+                field: "bench case",
+                reason: format!("unknown case '{s}' (lenet, lstm, many-small)"),
+            })
+    }
+}
+
+/// One rank's timings of one case (medians over the repetitions, in ms).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchResult {
+    /// The case's name.
+    pub case: String,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Tensors in the case.
+    pub tensors: usize,
+    /// Elements in all of them.
+    pub elements: usize,
+    /// Timed repetitions per mode (after one untimed warm-up).
+    pub reps: usize,
+    /// Median ms of the engine mode.
+    pub engine_ms: f64,
+    /// Median ms of one blocking all-reduce per tensor.
+    pub per_tensor_ms: f64,
+    /// Median ms of one blocking all-reduce of everything concatenated.
+    pub flat_ms: f64,
+    /// Engine mode: negotiation rounds per repetition (mean; idle rounds included).
+    pub engine_rounds: f64,
+    /// Engine mode: fused collectives per repetition (mean).
+    pub engine_collectives: f64,
+}
+
+impl BenchResult {
+    /// `per_tensor_ms / engine_ms`.
+    pub fn speedup_vs_per_tensor(&self) -> f64 {
+        self.per_tensor_ms / self.engine_ms
+    }
+
+    /// `flat_ms / engine_ms` (at least 1 when the engine is no slower than flat).
+    pub fn speedup_vs_flat(&self) -> f64 {
+        self.flat_ms / self.engine_ms
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[v.len() / 2]
+}
+
+fn grads(tensors: &[TensorSpec], rank: usize) -> Vec<Vec<f32>> {
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (0..t.len())
+                .map(|j| ((i * 7 + j * 13 + rank * 31) % 101) as f32 * 0.01)
+                .collect()
+        })
+        .collect()
+}
+
+/// Times the three modes of `case` on this rank (`reps` timed repetitions each), the engine
+/// started with `config`; gives the transport back with the result.
+pub fn run<T: Transport + 'static>(
+    mut transport: T,
+    case: BenchCase,
+    reps: usize,
+    config: EngineConfig,
+) -> Result<(BenchResult, Box<dyn Transport>)> {
+    let tensors = case.tensors();
+    let rank = transport.rank();
+    let world = transport.world_size();
+    let reps = reps.max(1);
+    let mut g = grads(&tensors, rank);
+
+    let mut per_tensor = Vec::new();
+    for rep in 0..=reps {
+        transport.barrier()?;
+        let t0 = Instant::now();
+        for x in g.iter_mut() {
+            transport.all_reduce(x, ReduceOp::Mean)?;
+        }
+        if rep > 0 {
+            per_tensor.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+
+    let total: usize = tensors.iter().map(TensorSpec::len).sum();
+    let mut flat_buf = Vec::with_capacity(total);
+    let mut flat = Vec::new();
+    for rep in 0..=reps {
+        transport.barrier()?;
+        let t0 = Instant::now();
+        flat_buf.clear();
+        for x in &g {
+            flat_buf.extend_from_slice(x);
+        }
+        transport.all_reduce(&mut flat_buf, ReduceOp::Mean)?;
+        let mut off = 0;
+        for x in g.iter_mut() {
+            let n = x.len();
+            x.copy_from_slice(&flat_buf[off..off + n]);
+            off += n;
+        }
+        if rep > 0 {
+            flat.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+
+    let engine = Engine::start(transport, config, &tensors)?;
+    let mut times = Vec::new();
+    let (mut rounds, mut groups) = (0u64, 0u64);
+    for rep in 0..=reps {
+        engine.all_reduce("bench.barrier", vec![0.0]).wait()?;
+        let s0 = engine.stats();
+        let t0 = Instant::now();
+        let handles: Vec<_> = tensors
+            .iter()
+            .zip(g.drain(..))
+            .map(|(t, x)| engine.all_reduce(&t.name, x))
+            .collect();
+        engine.flush();
+        for h in handles {
+            g.push(h.wait()?);
+        }
+        if rep > 0 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+            let s1 = engine.stats();
+            rounds += s1.cycles - s0.cycles;
+            groups += s1.stragglers.collectives - s0.stragglers.collectives;
+        }
+    }
+    let transport = engine.shutdown()?;
+    Ok((
+        BenchResult {
+            case: case.name().to_string(),
+            rank,
+            world_size: world,
+            tensors: tensors.len(),
+            elements: total,
+            reps,
+            engine_ms: median(times),
+            per_tensor_ms: median(per_tensor),
+            flat_ms: median(flat),
+            engine_rounds: rounds as f64 / reps as f64,
+            engine_collectives: groups as f64 / reps as f64,
+        },
+        transport,
+    ))
+}

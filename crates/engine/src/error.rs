@@ -1,0 +1,166 @@
+//! The engine's error type. Errors reach every pending handle, so the type is `Clone`
+//! (transport and collective errors are shared through an `Arc`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gradwire_codec::ConfigError;
+
+/// Errors of the engine: configuration (at build, before anything runs), negotiation
+/// (mismatches and stalls, naming the tensor and the ranks), and communication (naming the
+/// failed rank).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// A codec spec in the configuration does not parse.
+    #[error("codec spec '{spec}': {source}")]
+    CodecSpec {
+        /// The spec given.
+        spec: String,
+        /// Why it does not parse.
+        source: ConfigError,
+    },
+    /// A setting is out of range or malformed.
+    #[error("invalid engine setting {field}: {reason}")]
+    InvalidSetting {
+        /// The setting's name.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A rule names (exactly, without wildcard) a tensor that is not in the tensor list.
+    #[error("rule '{rule}' names tensor '{tensor}', which is not in the engine's tensor list")]
+    UnknownTensorInRule {
+        /// The rule, as written.
+        rule: String,
+        /// The name it gives.
+        tensor: String,
+    },
+    /// The tensor list holds a name twice.
+    #[error("tensor '{tensor}' is listed twice")]
+    DuplicateTensor {
+        /// The repeated name.
+        tensor: String,
+    },
+    /// A codec cannot run under a strategy (e.g. a non-sparsifying codec under `sparse`).
+    #[error("tensor '{tensor}': codec '{codec}' cannot run under strategy '{strategy}': {why}")]
+    Incompatible {
+        /// The tensor whose policy is impossible.
+        tensor: String,
+        /// The codec's canonical spec.
+        codec: String,
+        /// The strategy.
+        strategy: String,
+        /// Why not.
+        why: &'static str,
+    },
+    /// Ranks disagree about a tensor (name, shape, dtype, operation or codec).
+    #[error(
+        "tensor '{tensor}': ranks {ranks:?} disagree with rank {reference} on its {field} \
+         ({detail})"
+    )]
+    Mismatch {
+        /// The tensor.
+        tensor: String,
+        /// What differs: `name`, `shape`, `dtype`, `op` or `codec`.
+        field: &'static str,
+        /// The lowest rank that submitted the tensor, whose view the others are compared to.
+        reference: usize,
+        /// The ranks whose view differs from `reference`'s.
+        ranks: Vec<usize>,
+        /// The differing values, for the log.
+        detail: String,
+    },
+    /// `all_reduce` or `broadcast` got a buffer of another length than the tensor's shape.
+    #[error("tensor '{tensor}': submitted {got} elements, its shape holds {expected}")]
+    LengthMismatch {
+        /// The tensor.
+        tensor: String,
+        /// Elements of the registered shape.
+        expected: usize,
+        /// Elements submitted.
+        got: usize,
+    },
+    /// A tensor was submitted again before its previous submission completed.
+    #[error("tensor '{tensor}' submitted again while still pending")]
+    AlreadyPending {
+        /// The tensor.
+        tensor: String,
+    },
+    /// A tensor was submitted by some ranks but not others for longer than the abort
+    /// threshold (the stall inspector).
+    #[error(
+        "tensor '{tensor}' stalled for {waited:?}: ranks {missing_ranks:?} never submitted it"
+    )]
+    Stalled {
+        /// The tensor.
+        tensor: String,
+        /// The ranks that had not submitted it.
+        missing_ranks: Vec<usize>,
+        /// How long the first submitting rank had waited.
+        waited: Duration,
+    },
+    /// The engine shut down while this tensor was submitted by some ranks only.
+    #[error("engine shut down before ranks {missing_ranks:?} submitted tensor '{tensor}'")]
+    NotSubmittedEverywhere {
+        /// The tensor.
+        tensor: String,
+        /// The ranks that had not submitted it.
+        missing_ranks: Vec<usize>,
+    },
+    /// A collective or the transport failed (a dead or stalled rank, named where known).
+    #[error("{}communication failed: {source}", .peer.map(|p| format!("rank {p}: ")).unwrap_or_default())]
+    Comm {
+        /// The rank the failure concerns, if known.
+        peer: Option<usize>,
+        /// The underlying error.
+        source: Arc<gradwire_collective::Error>,
+    },
+    /// A peer's negotiation message could not be parsed.
+    #[error("rank {peer}: malformed negotiation message ({what})")]
+    Protocol {
+        /// The sender.
+        peer: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// The engine has shut down (or its progress thread is gone).
+    #[error("the engine has shut down")]
+    ShutDown,
+    /// Writing or reading a timeline file failed.
+    #[error("timeline file {path}: {reason}")]
+    Timeline {
+        /// The file.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The rank this error concerns, where there is one (a failed peer).
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Error::Comm { peer, .. } => *peer,
+            Error::Protocol { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+}
+
+impl From<gradwire_collective::Error> for Error {
+    fn from(e: gradwire_collective::Error) -> Self {
+        Error::Comm {
+            peer: e.peer(),
+            source: Arc::new(e),
+        }
+    }
+}
+
+impl From<gradwire_transport::Error> for Error {
+    fn from(e: gradwire_transport::Error) -> Self {
+        gradwire_collective::Error::from(e).into()
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,503 @@
+//! Tensor fusion: ready tensors of one kind are packed into groups of at most
+//! `fusion_bytes` raw fp32 bytes (`plan_groups`) and each group travels as one collective.
+//!
+//! **Fused and unfused results are bit-identical**, by construction, per strategy:
+//! - *dense* with [`DenseAlgorithm::Canonical`](crate::DenseAlgorithm): every element is summed
+//!   in rank order whatever its position in the buffer (see `dense.rs`); with
+//!   `DenseAlgorithm::Tree` (always Rabenseifner) along the same hypercube tree. With
+//!   `DenseAlgorithm::Collective` this does **not** hold (a ring sums an element in an order
+//!   set by its chunk), and is not claimed.
+//! - *gather*: codec state and encoding stay per tensor; only the payloads are concatenated
+//!   (each with a u32 length) into one all-gather; shared scalars (TernGrad) of all tensors go
+//!   in one max all-reduce (max is exact); each tensor decodes its ranks' payloads in rank
+//!   order exactly as `GatherDecode` does.
+//! - *sparse*: each tensor selects its pairs with its own codec; the pair lists are
+//!   concatenated with index offsets and summed by one sparse all-reduce over the fused index
+//!   space. Each index's sum has the same operands in the same recursive-doubling order as
+//!   unfused (the dense switch changes the encoding, not the arithmetic; `x + 0.0 == x` except
+//!   for `-0.0`).
+//! - *quantized*: never fused (the ring's chunks, hence each chunk codec's quantization and the
+//!   summation order, depend on the tensor's length).
+//! - all-gather: payloads concatenated; broadcast: one broadcast per root.
+
+use gradwire_codec::{Codec, SparseGrad};
+use gradwire_collective::compressed::{QuantizedAllReduce, Reduce, SparseAllReduce};
+use gradwire_collective::{Algorithm, CollectiveConfig, ReduceOp};
+use gradwire_transport::Transport;
+
+use crate::config::{DenseAlgorithm, MomentumConfig};
+use crate::error::{Error, Result};
+use crate::timeline::{now_us, Phase};
+use crate::wire::Reader;
+
+/// How a cached tensor travels (its fusion class).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    Dense,
+    Gather,
+    Sparse,
+    Quantized,
+    AllGather,
+    Broadcast(usize),
+}
+
+impl Kind {
+    fn fusable(self) -> bool {
+        self != Kind::Quantized
+    }
+}
+
+/// Splits `ready` (ids in execution order, with their kind and raw bytes) into groups: per
+/// kind in order of first appearance, consecutive tensors while the group stays within
+/// `fusion_bytes` (a bigger tensor travels alone; 0 = no fusion).
+pub(crate) fn plan_groups(ready: &[(usize, Kind, usize)], fusion_bytes: usize) -> Vec<Vec<usize>> {
+    let mut kinds: Vec<Kind> = Vec::new();
+    for &(_, k, _) in ready {
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let mut groups = Vec::new();
+    for k in kinds {
+        let mut cur: Vec<usize> = Vec::new();
+        let mut bytes = 0usize;
+        for &(id, kind, b) in ready.iter().filter(|r| r.1 == k) {
+            let fits = kind.fusable() && !cur.is_empty() && bytes + b <= fusion_bytes;
+            if !fits && !cur.is_empty() {
+                groups.push(std::mem::take(&mut cur));
+                bytes = 0;
+            }
+            cur.push(id);
+            bytes += b;
+        }
+        if !cur.is_empty() {
+            groups.push(cur);
+        }
+    }
+    groups
+}
+
+/// Per-tensor runtime state.
+pub(crate) struct TensorState {
+    pub kind: Kind,
+    pub codec: Option<Box<dyn Codec>>,
+    pub quantized: Option<QuantizedAllReduce>,
+    pub velocity: Option<Vec<f32>>,
+}
+
+/// One tensor of a group: its state and this rank's buffer (replaced by the result).
+pub(crate) struct Item<'a> {
+    pub state: &'a mut TensorState,
+    pub data: &'a mut Vec<f32>,
+    pub progress: gradwire_codec::Progress,
+}
+
+/// Records consecutive phases of one group.
+#[derive(Debug, Default)]
+pub(crate) struct Clock {
+    pub spans: Vec<(Phase, u64, u64)>,
+    last: u64,
+}
+
+impl Clock {
+    pub(crate) fn start() -> Clock {
+        Clock {
+            spans: Vec::new(),
+            last: now_us(),
+        }
+    }
+    pub(crate) fn mark(&mut self, phase: Phase) {
+        let now = now_us();
+        self.spans.push((phase, self.last, now));
+        self.last = now;
+    }
+}
+
+/// Reusable buffers of the executors.
+#[derive(Default)]
+pub(crate) struct Exec {
+    pub collective: CollectiveConfig,
+    pub dense: DenseAlgorithm,
+    fused: Vec<f32>,
+    scratch: Vec<f32>,
+    payload: Vec<u8>,
+    message: Vec<u8>,
+    gathered: Vec<Vec<u8>>,
+    pairs: SparseGrad,
+    fused_pairs: SparseGrad,
+    sparse: SparseAllReduce,
+    bcast: Vec<u8>,
+}
+
+/// Momentum correction: `u = beta u + g`, then `g = u` (Nesterov: `g + beta u`).
+pub(crate) fn apply_momentum(m: &MomentumConfig, velocity: &mut Vec<f32>, g: &mut [f32]) {
+    if velocity.len() != g.len() {
+        *velocity = vec![0.0; g.len()];
+    }
+    for (u, g) in velocity.iter_mut().zip(g.iter_mut()) {
+        *u = m.beta * *u + *g;
+        *g = if m.nesterov { *g + m.beta * *u } else { *u };
+    }
+}
+
+fn mean(buf: &mut [f32], world: usize) {
+    if world > 1 {
+        let n = world as f32;
+        buf.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+impl Exec {
+    pub(crate) fn new(collective: CollectiveConfig, dense: DenseAlgorithm) -> Exec {
+        Exec {
+            collective,
+            dense,
+            ..Default::default()
+        }
+    }
+
+    /// Runs one group (all items of one kind) and leaves each item's result in its `data`.
+    pub(crate) fn run(
+        &mut self,
+        t: &mut dyn Transport,
+        momentum: Option<&MomentumConfig>,
+        items: &mut [Item<'_>],
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let kind = items[0].state.kind;
+        if matches!(
+            kind,
+            Kind::Dense | Kind::Gather | Kind::Sparse | Kind::Quantized
+        ) {
+            if let Some(m) = momentum {
+                for it in items.iter_mut() {
+                    if let Some(v) = it.state.velocity.as_mut() {
+                        apply_momentum(m, v, it.data);
+                    }
+                }
+            }
+            for it in items.iter_mut() {
+                if let Some(c) = it.state.codec.as_mut() {
+                    c.set_progress(it.progress);
+                }
+                if let Some(q) = it.state.quantized.as_mut() {
+                    for c in 0..t.world_size() {
+                        q.rs_codec_mut(c).set_progress(it.progress);
+                    }
+                    q.ag_codec_mut().set_progress(it.progress);
+                }
+            }
+        }
+        match kind {
+            Kind::Dense => self.dense(t, items, clock),
+            Kind::Gather => self.gather(t, items, clock),
+            Kind::Sparse => self.sparse(t, items, clock),
+            Kind::Quantized => {
+                clock.mark(Phase::Fuse);
+                for it in items.iter_mut() {
+                    let q = it.state.quantized.as_mut().expect("quantized state");
+                    q.all_reduce(t, it.data, Reduce::Mean)?;
+                }
+                clock.mark(Phase::Wire);
+                Ok(())
+            }
+            Kind::AllGather => self.all_gather(t, items, clock),
+            Kind::Broadcast(root) => self.broadcast(t, root, items, clock),
+        }
+    }
+
+    fn reduce_dense(&mut self, t: &mut dyn Transport, buf: &mut [f32], fused: bool) -> Result<()> {
+        let _ = fused;
+        match self.dense {
+            DenseAlgorithm::Canonical => crate::dense::canonical_mean(
+                t,
+                buf,
+                self.collective.segment_bytes(),
+                &mut self.scratch,
+            )?,
+            DenseAlgorithm::Tree => gradwire_collective::all_reduce(
+                t,
+                buf,
+                ReduceOp::Mean,
+                Algorithm::Rabenseifner,
+                self.collective.segment_bytes(),
+            )?,
+            DenseAlgorithm::Collective => {
+                gradwire_collective::all_reduce_config(t, buf, ReduceOp::Mean, &self.collective)?
+            }
+        }
+        Ok(())
+    }
+
+    fn dense(
+        &mut self,
+        t: &mut dyn Transport,
+        items: &mut [Item<'_>],
+        clock: &mut Clock,
+    ) -> Result<()> {
+        if items.len() == 1 {
+            clock.mark(Phase::Fuse);
+            self.reduce_dense(t, items[0].data, false)?;
+            clock.mark(Phase::Wire);
+            return Ok(());
+        }
+        let mut fused = std::mem::take(&mut self.fused);
+        fused.clear();
+        for it in items.iter() {
+            fused.extend_from_slice(it.data);
+        }
+        clock.mark(Phase::Fuse);
+        let res = self.reduce_dense(t, &mut fused, true);
+        clock.mark(Phase::Wire);
+        if res.is_ok() {
+            let mut off = 0;
+            for it in items.iter_mut() {
+                let n = it.data.len();
+                it.data.copy_from_slice(&fused[off..off + n]);
+                off += n;
+            }
+        }
+        self.fused = fused;
+        clock.mark(Phase::Unfuse);
+        res
+    }
+
+    fn gather(
+        &mut self,
+        t: &mut dyn Transport,
+        items: &mut [Item<'_>],
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let world = t.world_size();
+        clock.mark(Phase::Fuse);
+        // Shared scalars (TernGrad): every tensor's in one exact max all-reduce.
+        let mut scalars: Vec<f32> = Vec::new();
+        let mut counts = Vec::with_capacity(items.len());
+        for it in items.iter() {
+            let codec = it.state.codec.as_ref().expect("gather codec");
+            match codec.local_scalars(it.data) {
+                Some(v) => {
+                    counts.push(Some(v.len()));
+                    scalars.extend(v);
+                }
+                None => counts.push(None),
+            }
+        }
+        if counts.iter().any(Option::is_some) {
+            gradwire_collective::all_reduce(
+                t,
+                &mut scalars,
+                ReduceOp::Max,
+                Algorithm::RecursiveDoubling,
+                64,
+            )?;
+            let mut off = 0;
+            for (it, n) in items.iter_mut().zip(&counts) {
+                if let Some(n) = n {
+                    let codec = it.state.codec.as_mut().expect("gather codec");
+                    codec.set_shared_scalars(&scalars[off..off + n]);
+                    off += n;
+                }
+            }
+        }
+        self.message.clear();
+        for it in items.iter_mut() {
+            let codec = it.state.codec.as_mut().expect("gather codec");
+            codec.encode(it.data, &mut self.payload);
+            self.message
+                .extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+            self.message.extend_from_slice(&self.payload);
+        }
+        clock.mark(Phase::Encode);
+        gradwire_collective::gather::all_gather_bytes(t, &self.message, &mut self.gathered)?;
+        clock.mark(Phase::Wire);
+        let parts = split_all(&self.gathered, items.len())?;
+        for (i, it) in items.iter_mut().enumerate() {
+            let codec = it.state.codec.as_ref().expect("gather codec");
+            it.data.fill(0.0);
+            for (peer, p) in parts.iter().enumerate() {
+                codec
+                    .decode_add(p[i], it.data)
+                    .map_err(|source| gradwire_collective::Error::Decode { peer, source })?;
+            }
+            mean(it.data, world);
+        }
+        clock.mark(Phase::Decode);
+        Ok(())
+    }
+
+    fn sparse(
+        &mut self,
+        t: &mut dyn Transport,
+        items: &mut [Item<'_>],
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let world = t.world_size();
+        clock.mark(Phase::Fuse);
+        self.fused_pairs.clear();
+        let mut off = 0u32;
+        for it in items.iter_mut() {
+            let codec = it.state.codec.as_mut().expect("sparse codec");
+            self.pairs.clear();
+            if !codec.encode_sparse(it.data, &mut self.pairs) {
+                return Err(gradwire_collective::Error::Codec {
+                    what: "sparse strategy with a codec that does not sparsify",
+                }
+                .into());
+            }
+            self.fused_pairs
+                .indices
+                .extend(self.pairs.indices.iter().map(|i| i + off));
+            self.fused_pairs
+                .values
+                .extend_from_slice(&self.pairs.values);
+            off += it.data.len() as u32;
+        }
+        clock.mark(Phase::Encode);
+        let mut out = std::mem::take(&mut self.fused);
+        out.clear();
+        out.resize(off as usize, 0.0);
+        let res = self.sparse.all_reduce_pairs(t, &self.fused_pairs, &mut out);
+        clock.mark(Phase::Wire);
+        if res.is_ok() {
+            let mut o = 0;
+            for it in items.iter_mut() {
+                let n = it.data.len();
+                it.data.copy_from_slice(&out[o..o + n]);
+                mean(it.data, world);
+                o += n;
+            }
+        }
+        self.fused = out;
+        clock.mark(Phase::Unfuse);
+        Ok(res?)
+    }
+
+    fn all_gather(
+        &mut self,
+        t: &mut dyn Transport,
+        items: &mut [Item<'_>],
+        clock: &mut Clock,
+    ) -> Result<()> {
+        self.message.clear();
+        for it in items.iter() {
+            self.message
+                .extend_from_slice(&((it.data.len() * 4) as u32).to_le_bytes());
+            self.message
+                .extend_from_slice(bytemuck::cast_slice(it.data));
+        }
+        clock.mark(Phase::Fuse);
+        gradwire_collective::gather::all_gather_bytes(t, &self.message, &mut self.gathered)?;
+        clock.mark(Phase::Wire);
+        let parts = split_all(&self.gathered, items.len())?;
+        for (i, it) in items.iter_mut().enumerate() {
+            it.data.clear();
+            for (peer, p) in parts.iter().enumerate() {
+                if p[i].len() % 4 != 0 {
+                    return Err(Error::Protocol {
+                        peer,
+                        what: "all-gather payload is not a whole number of f32",
+                    });
+                }
+                it.data.extend(
+                    p[i].chunks_exact(4)
+                        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+                );
+            }
+        }
+        clock.mark(Phase::Unfuse);
+        Ok(())
+    }
+
+    fn broadcast(
+        &mut self,
+        t: &mut dyn Transport,
+        root: usize,
+        items: &mut [Item<'_>],
+        clock: &mut Clock,
+    ) -> Result<()> {
+        self.bcast.clear();
+        if t.rank() == root {
+            for it in items.iter() {
+                self.bcast.extend_from_slice(bytemuck::cast_slice(it.data));
+            }
+        }
+        clock.mark(Phase::Fuse);
+        gradwire_collective::broadcast::broadcast_bytes(
+            t,
+            &mut self.bcast,
+            root,
+            self.collective.segment_bytes(),
+        )?;
+        clock.mark(Phase::Wire);
+        let total: usize = items.iter().map(|it| it.data.len() * 4).sum();
+        if self.bcast.len() != total {
+            return Err(Error::Protocol {
+                peer: root,
+                what: "broadcast of another length than negotiated",
+            });
+        }
+        let mut off = 0;
+        for it in items.iter_mut() {
+            let n = it.data.len() * 4;
+            for (x, b) in it
+                .data
+                .iter_mut()
+                .zip(self.bcast[off..off + n].chunks_exact(4))
+            {
+                *x = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+            }
+            off += n;
+        }
+        clock.mark(Phase::Unfuse);
+        Ok(())
+    }
+}
+
+/// Splits each rank's message (`n` times u32 length + bytes) into its `n` parts.
+fn split_all(gathered: &[Vec<u8>], n: usize) -> Result<Vec<Vec<&[u8]>>> {
+    gathered
+        .iter()
+        .enumerate()
+        .map(|(peer, msg)| {
+            let mut r = Reader::new(peer, msg);
+            let parts = (0..n)
+                .map(|_| {
+                    let len = r.u32()? as usize;
+                    r.bytes(len)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            if r.remaining() != 0 {
+                return Err(r.err("trailing bytes after the fused payloads"));
+            }
+            Ok(parts)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_by_kind_within_threshold() {
+        let r = [
+            (0, Kind::Dense, 40),
+            (1, Kind::Gather, 40),
+            (2, Kind::Dense, 40),
+            (3, Kind::Dense, 100),
+            (4, Kind::Dense, 10),
+            (5, Kind::Quantized, 4),
+            (6, Kind::Quantized, 4),
+        ];
+        assert_eq!(
+            plan_groups(&r, 80),
+            vec![vec![0, 2], vec![3], vec![4], vec![1], vec![5], vec![6]]
+        );
+        assert_eq!(plan_groups(&r, 0).len(), 7);
+        assert_eq!(
+            plan_groups(&r, 1000),
+            vec![vec![0, 2, 3, 4], vec![1], vec![5], vec![6]]
+        );
+    }
+}

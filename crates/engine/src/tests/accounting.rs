@@ -1,0 +1,166 @@
+//! Byte accounting, stragglers, the timeline, momentum correction, the bench.
+
+use std::time::Duration;
+
+use gradwire_transport::Transport;
+
+use super::{grad, world};
+use crate::{Engine, EngineConfig, MomentumConfig, Phase, TensorSpec};
+
+#[test]
+fn dense_wire_bytes_are_exact() {
+    for n in [2usize, 4] {
+        let stats = world(n, |t| {
+            let e =
+                Engine::start(t, EngineConfig::default(), &[TensorSpec::new("w", [1000])]).unwrap();
+            e.set_progress(5, 0.0);
+            e.all_reduce("w", vec![1.0; 1000]).wait().unwrap();
+            let s = e.stats();
+            e.shutdown().unwrap();
+            s
+        });
+        for s in stats {
+            // Reduce-scatter: P-1 chunks of 1000/P floats out; ring all-gather: the same.
+            let want = 2 * (n as u64 - 1) * (1000 / n as u64) * 4;
+            assert_eq!(s.steps.len(), 1);
+            assert_eq!(s.steps[0].step, 5);
+            assert_eq!(s.steps[0].raw_bytes, 4000);
+            assert_eq!(s.steps[0].wire_bytes, want);
+            assert_eq!(s.bytes.wire_bytes, want);
+            let ratio = s.steps[0].compression_ratio().unwrap();
+            assert!((ratio - 4000.0 / want as f64).abs() < 1e-12);
+            assert!(s.bytes.negotiation_bytes > 0);
+            assert!(s.cycles >= 1);
+        }
+    }
+}
+
+#[test]
+fn straggler_is_the_rank_that_submitted_last() {
+    let stats = world(2, |t| {
+        let rank = t.rank();
+        let e = Engine::start(t, EngineConfig::default(), &[TensorSpec::new("w", [4])]).unwrap();
+        if rank == 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        e.all_reduce("w", vec![1.0; 4]).wait().unwrap();
+        let s = e.stats();
+        e.shutdown().unwrap();
+        s.stragglers
+    });
+    for s in stats {
+        assert_eq!(s.collectives, 1);
+        assert_eq!(s.last_count, vec![0, 1]);
+        assert!(s.max_lag_us >= 150_000, "{s:?}");
+        assert_eq!(s.recent[0].tensor, "w");
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("last_count"));
+    }
+}
+
+#[test]
+fn timeline_has_every_phase_and_merges() {
+    let dir = std::env::temp_dir().join(format!("gradwire-engine-tl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = EngineConfig {
+        timeline: true,
+        codec: "qsgd".parse().unwrap(),
+        ..Default::default()
+    };
+    let tensors = vec![TensorSpec::new("a", [50]), TensorSpec::new("b", [70])];
+    let files = world(2, |t| {
+        let rank = t.rank();
+        let e = Engine::start(t, cfg.clone(), &tensors).unwrap();
+        let h = [
+            e.all_reduce("a", vec![1.0; 50]),
+            e.all_reduce("b", vec![2.0; 70]),
+        ];
+        for h in h {
+            h.wait().unwrap();
+        }
+        let t0 = crate::now_us();
+        e.record_span("step", Phase::Update, t0, t0 + 5);
+        let phases: Vec<Phase> = e.timeline().iter().map(|s| s.phase).collect();
+        for p in [
+            Phase::Negotiate,
+            Phase::Queue,
+            Phase::Fuse,
+            Phase::Encode,
+            Phase::Wire,
+            Phase::Decode,
+            Phase::Update,
+        ] {
+            assert!(phases.contains(&p), "{p:?} missing from {phases:?}");
+        }
+        let path = dir.join(format!("rank{rank}.json"));
+        e.write_timeline(&path).unwrap();
+        e.shutdown().unwrap();
+        path
+    });
+    let out = dir.join("merged.json");
+    let inputs: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
+    crate::merge_traces(&inputs, &out).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    for pid in [0u64, 1] {
+        assert!(ev.iter().any(|e| e["ph"] == "X"
+            && e["pid"] == pid
+            && e["name"] == "WIRE"
+            && e["args"]["tensor"] == "b"));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn momentum_correction_reduces_velocities() {
+    let beta = 0.875f32;
+    let len = 37;
+    let cfg = EngineConfig {
+        momentum: Some(MomentumConfig {
+            beta,
+            nesterov: false,
+        }),
+        ..Default::default()
+    };
+    let got = world(3, |t| {
+        let rank = t.rank();
+        let e = Engine::start(t, cfg.clone(), &[TensorSpec::new("w", [len])]).unwrap();
+        let out: Vec<Vec<f32>> = (0..4)
+            .map(|step| e.all_reduce("w", grad(rank, step, 0, len)).wait().unwrap())
+            .collect();
+        e.shutdown().unwrap();
+        out
+    });
+    // SGD momentum on the averaged gradient: buf = beta buf + mean(g).
+    let mut buf = vec![0f32; len];
+    for step in 0..4 {
+        for (i, b) in buf.iter_mut().enumerate() {
+            let mean = (0..3).map(|r| grad(r, step, 0, len)[i]).sum::<f32>() / 3.0;
+            *b = beta * *b + mean;
+        }
+        for g in &got {
+            for (v, w) in g[step].iter().zip(&buf) {
+                assert!(
+                    (v - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "step {step}: {v} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bench_runs_every_case() {
+    for case in crate::bench::BenchCase::ALL {
+        let res = world(2, |t| {
+            crate::bench::run(t, case, 1, EngineConfig::default())
+                .unwrap()
+                .0
+        });
+        for r in res {
+            assert_eq!(r.case, case.name());
+            assert!(r.engine_ms > 0.0 && r.per_tensor_ms > 0.0 && r.flat_ms > 0.0);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Engine tests over `Local` worlds of threads, against independently written references
+//! (naive rank-order sums, the collective layer's compressed all-reduces).
+
+mod accounting;
+mod codecs;
+mod negotiation;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gradwire_transport::local::Local;
+use gradwire_transport::{Error as TError, Op, Transport};
+
+/// Runs `f(transport)` on every rank of a `Local` world of `n` (deadline 10 s per call).
+pub(crate) fn world<R: Send>(n: usize, f: impl Fn(Local) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = Local::world(n)
+            .into_iter()
+            .map(|mut t| {
+                let f = &f;
+                t.set_timeout(Duration::from_secs(10));
+                s.spawn(move || f(t))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+/// Small f32 values with a fractional part (so summation order matters for rounding).
+pub(crate) fn grad(rank: usize, step: usize, tensor: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let h = (i as u64 + 1)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(((rank * 1009 + step * 97 + tensor * 13) as u64) << 32);
+            ((h >> 40) % 2001) as f32 / 997.0 - 1.0
+        })
+        .collect()
+}
+
+/// The naive mean: `((g0 + g1) + ...) / P` element by element, in rank order.
+pub(crate) fn naive_mean(inputs: &[Vec<f32>]) -> Vec<f32> {
+    let p = inputs.len();
+    (0..inputs[0].len())
+        .map(|i| {
+            let mut s = inputs[0][i];
+            for x in &inputs[1..] {
+                s += x[i];
+            }
+            if p > 1 {
+                s / p as f32
+            } else {
+                s
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A transport that can be killed: from then on every call fails and the inner `Local` is
+/// dropped, so its peers see it gone.
+pub(crate) struct Killable {
+    inner: Option<Local>,
+    kill: Arc<AtomicBool>,
+    rank: usize,
+    world: usize,
+}
+
+impl Killable {
+    pub(crate) fn new(t: Local, kill: Arc<AtomicBool>) -> Self {
+        Killable {
+            rank: t.rank(),
+            world: t.world_size(),
+            inner: Some(t),
+            kill,
+        }
+    }
+    fn live(&mut self, op: Op) -> gradwire_transport::Result<&mut Local> {
+        if self.kill.load(Ordering::SeqCst) {
+            self.inner = None;
+        }
+        self.inner.as_mut().ok_or(TError::PeerClosed {
+            peer: self.rank,
+            op,
+        })
+    }
+}
+
+impl Transport for Killable {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn send(&mut self, to: usize, msg: &[u8]) -> gradwire_transport::Result<()> {
+        self.live(Op::Send)?.send(to, msg)
+    }
+    fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> gradwire_transport::Result<()> {
+        self.live(Op::Recv)?.recv(from, buf)
+    }
+    fn send_recv(
+        &mut self,
+        to: usize,
+        msg: &[u8],
+        from: usize,
+        buf: &mut Vec<u8>,
+    ) -> gradwire_transport::Result<()> {
+        self.live(Op::Send)?.send_recv(to, msg, from, buf)
+    }
+    fn timeout(&self) -> Duration {
+        self.inner
+            .as_ref()
+            .map(|t| t.timeout())
+            .unwrap_or(Duration::ZERO)
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        if let Some(t) = self.inner.as_mut() {
+            t.set_timeout(timeout)
+        }
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.inner.as_ref().map(|t| t.bytes_sent()).unwrap_or(0)
+    }
+}

@@ -1,0 +1,321 @@
+//! The negotiation message each rank contributes to a cycle's all-gather, and the tensor
+//! descriptors compared the first time a tensor is seen. Little-endian:
+//!
+//! ```text
+//! message:    u8 flags (bit 0: shutdown requested) | u64 now_us
+//!             | u32 nbits | ceil(nbits/8) bytes: bit i = cached tensor i pending here
+//!             | u32 n | n x (u32 cache id, u64 ready_us): bits newly set this cycle
+//!             | u32 m | m x (u64 ready_us, descriptor): tensors not cached yet
+//! descriptor: u16 len, name | u8 op (0 all_reduce, 1 all_gather, 2 broadcast) | u8 dtype
+//!             (0 = f32) | u32 root | u32 ndims, ndims x u64 | u16 len, policy (codec@strategy)
+//! ```
+//! Decoding is total: a short or malformed message is an [`Error::Protocol`] naming the rank.
+
+use crate::error::{Error, Result};
+
+/// What operation a tensor takes part in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Mean over ranks.
+    AllReduce,
+    /// Concatenation in rank order (lengths may differ per rank).
+    AllGather,
+    /// The root's buffer to everyone.
+    Broadcast,
+}
+
+impl OpKind {
+    fn code(self) -> u8 {
+        match self {
+            OpKind::AllReduce => 0,
+            OpKind::AllGather => 1,
+            OpKind::Broadcast => 2,
+        }
+    }
+    fn from_code(c: u8) -> Option<OpKind> {
+        Some(match c {
+            0 => OpKind::AllReduce,
+            1 => OpKind::AllGather,
+            2 => OpKind::Broadcast,
+            _ => return None,
+        })
+    }
+}
+
+/// What every rank must agree on about a named tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Descriptor {
+    /// The tensor's name.
+    pub name: String,
+    /// The operation.
+    pub op: OpKind,
+    /// Element type (0 = f32, the only one today).
+    pub dtype: u8,
+    /// Broadcast root (0 otherwise).
+    pub root: u32,
+    /// Shape (for all-gather: this rank's contribution).
+    pub shape: Vec<u64>,
+    /// Canonical `codec@strategy` (empty for all-gather and broadcast).
+    pub policy: String,
+}
+
+impl Descriptor {
+    /// The first field in which `other` differs, with both values, or `None`.
+    pub fn diff(&self, other: &Descriptor) -> Option<(&'static str, String, String)> {
+        if self.name != other.name {
+            return Some(("name", self.name.clone(), other.name.clone()));
+        }
+        if self.dtype != other.dtype {
+            return Some(("dtype", self.dtype.to_string(), other.dtype.to_string()));
+        }
+        if self.op != other.op || self.root != other.root {
+            return Some((
+                "op",
+                format!("{:?}(root {})", self.op, self.root),
+                format!("{:?}(root {})", other.op, other.root),
+            ));
+        }
+        if self.op != OpKind::AllGather && self.shape != other.shape {
+            return Some((
+                "shape",
+                format!("{:?}", self.shape),
+                format!("{:?}", other.shape),
+            ));
+        }
+        if self.policy != other.policy {
+            return Some(("codec", self.policy.clone(), other.policy.clone()));
+        }
+        None
+    }
+
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        put_str(out, &self.name);
+        out.push(self.op.code());
+        out.push(self.dtype);
+        out.extend_from_slice(&self.root.to_le_bytes());
+        out.extend_from_slice(&(self.shape.len() as u32).to_le_bytes());
+        for d in &self.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        put_str(out, &self.policy);
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Descriptor> {
+        let name = r.string()?;
+        let op = OpKind::from_code(r.u8()?).ok_or(r.err("unknown op code"))?;
+        let dtype = r.u8()?;
+        let root = r.u32()?;
+        let nd = r.u32()? as usize;
+        if nd > r.remaining() / 8 {
+            return Err(r.err("shape longer than the message"));
+        }
+        let shape = (0..nd).map(|_| r.u64()).collect::<Result<_>>()?;
+        let policy = r.string()?;
+        Ok(Descriptor {
+            name,
+            op,
+            dtype,
+            root,
+            shape,
+            policy,
+        })
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// One rank's contribution to a negotiation round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Message {
+    pub shutdown: bool,
+    pub now_us: u64,
+    /// Cached ids pending on this rank (as a bit-vector of `nbits` bits).
+    pub nbits: usize,
+    pub bits: Vec<u8>,
+    /// `(cache id, ready_us)` for bits newly set this cycle.
+    pub new_ready: Vec<(u32, u64)>,
+    /// `(ready_us, descriptor)` for tensors not in the cache yet.
+    pub requests: Vec<(u64, Descriptor)>,
+}
+
+impl Message {
+    pub(crate) fn bit(&self, id: usize) -> bool {
+        id < self.nbits && self.bits[id / 8] & (1 << (id % 8)) != 0
+    }
+
+    pub(crate) fn set_bits(&mut self, nbits: usize, ids: impl Iterator<Item = usize>) {
+        self.nbits = nbits;
+        self.bits.clear();
+        self.bits.resize(nbits.div_ceil(8), 0);
+        for id in ids {
+            self.bits[id / 8] |= 1 << (id % 8);
+        }
+    }
+
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.push(self.shutdown as u8);
+        out.extend_from_slice(&self.now_us.to_le_bytes());
+        out.extend_from_slice(&(self.nbits as u32).to_le_bytes());
+        out.extend_from_slice(&self.bits);
+        out.extend_from_slice(&(self.new_ready.len() as u32).to_le_bytes());
+        for (id, t) in &self.new_ready {
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.requests.len() as u32).to_le_bytes());
+        for (t, d) in &self.requests {
+            out.extend_from_slice(&t.to_le_bytes());
+            d.write(out);
+        }
+    }
+
+    pub(crate) fn decode(peer: usize, buf: &[u8]) -> Result<Message> {
+        let mut r = Reader { buf, pos: 0, peer };
+        let flags = r.u8()?;
+        let now_us = r.u64()?;
+        let nbits = r.u32()? as usize;
+        let bits = r.bytes(nbits.div_ceil(8))?.to_vec();
+        let n = r.u32()? as usize;
+        if n > r.remaining() / 12 {
+            return Err(r.err("ready list longer than the message"));
+        }
+        let new_ready = (0..n)
+            .map(|_| Ok((r.u32()?, r.u64()?)))
+            .collect::<Result<_>>()?;
+        let m = r.u32()? as usize;
+        if m > r.remaining() / 8 {
+            return Err(r.err("request list longer than the message"));
+        }
+        let requests = (0..m)
+            .map(|_| Ok((r.u64()?, Descriptor::read(&mut r)?)))
+            .collect::<Result<_>>()?;
+        if r.remaining() != 0 {
+            return Err(r.err("trailing bytes"));
+        }
+        Ok(Message {
+            shutdown: flags & 1 != 0,
+            now_us,
+            nbits,
+            bits,
+            new_ready,
+            requests,
+        })
+    }
+}
+
+/// A bounds-checked little-endian reader.
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    peer: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(peer: usize, buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0, peer }
+    }
+    pub(crate) fn err(&self, what: &'static str) -> Error {
+        Error::Protocol {
+            peer: self.peer,
+            what,
+        }
+    }
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(self.err("truncated"));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    pub(crate) fn u8(&mut self) -> Result<u8> {
+        Ok(self.bytes(1)?[0])
+    }
+    pub(crate) fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.bytes(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.bytes(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn string(&mut self) -> Result<String> {
+        let n = u16::from_le_bytes(self.bytes(2)?.try_into().expect("2 bytes")) as usize;
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| self.err("name is not UTF-8"))
+    }
+}
+
+/// Encodes a descriptor list (the registration check at start).
+pub(crate) fn encode_list(list: &[Descriptor], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+    for d in list {
+        d.write(out);
+    }
+}
+
+/// Decodes [`encode_list`]'s output.
+pub(crate) fn decode_list(peer: usize, buf: &[u8]) -> Result<Vec<Descriptor>> {
+    let mut r = Reader::new(peer, buf);
+    let n = r.u32()? as usize;
+    if n > r.remaining() / 12 {
+        return Err(r.err("descriptor list longer than the message"));
+    }
+    let list = (0..n)
+        .map(|_| Descriptor::read(&mut r))
+        .collect::<Result<_>>()?;
+    if r.remaining() != 0 {
+        return Err(r.err("trailing bytes"));
+    }
+    Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_round_trips_and_rejects_garbage() {
+        let d = Descriptor {
+            name: "fc1.weight".into(),
+            op: OpKind::Broadcast,
+            dtype: 0,
+            root: 2,
+            shape: vec![3, 4],
+            policy: "none@dense".into(),
+        };
+        let mut m = Message {
+            shutdown: true,
+            now_us: 123,
+            new_ready: vec![(3, 99)],
+            requests: vec![(7, d.clone())],
+            ..Default::default()
+        };
+        m.set_bits(11, [0, 3, 10].into_iter());
+        let mut buf = Vec::new();
+        m.encode(&mut buf);
+        let back = Message::decode(1, &buf).unwrap();
+        assert_eq!(back, m);
+        assert!(back.bit(10) && back.bit(3) && !back.bit(4) && !back.bit(64));
+        for cut in 0..buf.len() {
+            assert!(matches!(
+                Message::decode(1, &buf[..cut]),
+                Err(Error::Protocol { peer: 1, .. })
+            ));
+        }
+        let mut list = Vec::new();
+        encode_list(&[d.clone(), d.clone()], &mut list);
+        assert_eq!(decode_list(0, &list).unwrap(), vec![d.clone(), d]);
+    }
+}

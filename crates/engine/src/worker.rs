@@ -1,0 +1,676 @@
+//! The progress thread: owns the transport and runs negotiation cycles (Horovod's
+//! background loop) until every rank has asked to shut down or the transport fails.
+//!
+//! One cycle:
+//! 1. wait until this rank has new submissions, or `cycle_time` has passed (so idle ranks
+//!    still take part in every round and a busy rank waits at most one cycle for them);
+//! 2. **negotiate**: one all-gather of each rank's [`Message`](crate::wire): the bit-vector of
+//!    its pending *cached* tensors (the response cache: a tensor seen before is named by its
+//!    id, one bit), submit times of newly set bits, and full descriptors of tensors not yet
+//!    cached. Every rank receives every message and computes the same decisions, so no rank-0
+//!    round trip is needed: the AND of the bit-vectors is the ready set, the OR minus the AND
+//!    is what the stall inspector watches, and a new tensor requested by all ranks is checked
+//!    (name, op, dtype, shape, codec) the round the last rank asks for it, then cached under
+//!    the next id (the same on every rank) or failed with [`Error::Mismatch`] on every rank;
+//! 3. **execute** the ready tensors in id order, fused per kind ([`crate::fusion`]);
+//! 4. end when every rank's message carried the shutdown flag.
+//!
+//! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
+//! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
+//! missing ranks (stalls) in the same round. "Now" for stall decisions is the largest clock
+//! reading in the round's messages, so every rank warns and aborts in the same round.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use gradwire_codec::{BuildContext, Progress};
+use gradwire_collective::compressed::{Leg, QuantizedAllReduce};
+use gradwire_transport::Transport;
+
+use crate::config::{tensor_seed, EngineConfig, Policy, Strategy};
+use crate::error::{Error, Result};
+use crate::fusion::{plan_groups, Clock, Exec, Item, Kind, TensorState};
+use crate::handle::Slot;
+use crate::stats::{EngineStats, StallReport, StragglerRecord};
+use crate::timeline::{now_us, Phase, Span};
+use crate::wire::{Descriptor, Message, OpKind};
+
+/// One submitted operation, waiting in the queue or pending negotiation.
+pub(crate) struct Submission {
+    pub desc: Arc<Descriptor>,
+    pub data: Vec<f32>,
+    pub slot: Arc<Slot>,
+    pub ready_us: u64,
+    pub progress: Progress,
+}
+
+/// What the user side and the progress thread share.
+pub(crate) struct Shared {
+    pub queue: Mutex<Queue>,
+    pub wake: Condvar,
+    pub stats: Mutex<EngineStats>,
+    pub spans: Mutex<Vec<Span>>,
+    pub timeline: bool,
+}
+
+/// Submissions not yet picked up, and the engine's life state.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub subs: Vec<Submission>,
+    pub shutdown: bool,
+    pub fatal: Option<Error>,
+    pub exited: bool,
+    pub progress: Progress,
+    /// The submitter says its burst is complete: negotiate without waiting for a quiet gap.
+    pub flush: bool,
+}
+
+/// Locks a mutex, ignoring poisoning (the progress thread never panics while holding one).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A cached tensor: the descriptor every rank agreed on.
+struct Entry {
+    desc: Descriptor,
+    len: usize,
+}
+
+/// A tensor requested by some ranks and not cached yet (identical table on every rank).
+struct Adhoc {
+    name: String,
+    by_rank: Vec<Option<(u64, Descriptor)>>,
+}
+
+/// The canonical policy string of a registered tensor (compared across ranks).
+pub(crate) fn policy_string(p: &Policy, cfg: &EngineConfig) -> String {
+    let mut s = format!("{}@{}", p.codec, p.strategy);
+    if let Some(m) = &cfg.momentum {
+        s.push_str(&format!("+momentum({},{})", m.beta, m.nesterov));
+    }
+    s
+}
+
+/// Descriptor of a registered tensor.
+pub(crate) fn registered_descriptor(p: &Policy, cfg: &EngineConfig) -> Descriptor {
+    Descriptor {
+        name: p.tensor.name.clone(),
+        op: OpKind::AllReduce,
+        dtype: 0,
+        root: 0,
+        shape: p.tensor.shape.iter().map(|&d| d as u64).collect(),
+        policy: policy_string(p, cfg),
+    }
+}
+
+/// The policy string of an unregistered all-reduce (dense, no momentum).
+pub(crate) const ADHOC_POLICY: &str = "none@dense";
+
+pub(crate) struct Worker {
+    t: Box<dyn Transport>,
+    rank: usize,
+    world: usize,
+    shared: Arc<Shared>,
+    cfg: EngineConfig,
+    entries: Vec<Entry>,
+    states: Vec<TensorState>,
+    by_name: HashMap<String, usize>,
+    /// `ready_at[id][rank]`: the rank's submit time of the pending instance, µs.
+    ready_at: Vec<Vec<u64>>,
+    pending: HashMap<String, (Submission, Option<usize>)>,
+    adhoc: Vec<Adhoc>,
+    warned: HashSet<String>,
+    exec: Exec,
+    msg_buf: Vec<u8>,
+    gathered: Vec<Vec<u8>>,
+    rd_send: Vec<u8>,
+    rd_recv: Vec<u8>,
+    announced_shutdown: bool,
+}
+
+impl Worker {
+    pub(crate) fn new(
+        t: Box<dyn Transport>,
+        shared: Arc<Shared>,
+        cfg: EngineConfig,
+        policies: &[Policy],
+    ) -> Worker {
+        let (rank, world) = (t.rank(), t.world_size());
+        let mut w = Worker {
+            t,
+            rank,
+            world,
+            shared,
+            exec: Exec::new(cfg.collective, cfg.dense),
+            cfg,
+            entries: Vec::new(),
+            states: Vec::new(),
+            by_name: HashMap::new(),
+            ready_at: Vec::new(),
+            pending: HashMap::new(),
+            adhoc: Vec::new(),
+            warned: HashSet::new(),
+            msg_buf: Vec::new(),
+            gathered: Vec::new(),
+            rd_send: Vec::new(),
+            rd_recv: Vec::new(),
+            announced_shutdown: false,
+        };
+        for (i, p) in policies.iter().enumerate() {
+            let state = w.build_state(i, p);
+            let desc = registered_descriptor(p, &w.cfg);
+            w.push_entry(desc, state);
+        }
+        w
+    }
+
+    fn build_state(&self, index: usize, p: &Policy) -> TensorState {
+        let len = p.tensor.len();
+        let (rank, world) = (self.rank, self.world);
+        let seed = tensor_seed(self.cfg.seed, index);
+        let ctx = BuildContext {
+            seed,
+            rank,
+            world_size: world,
+            layout: vec![len],
+        };
+        let velocity = self.cfg.momentum.map(|_| vec![0.0; len]);
+        let (kind, codec, quantized) = match p.strategy {
+            Strategy::Dense | Strategy::Auto => (Kind::Dense, None, None),
+            Strategy::Gather => (Kind::Gather, Some(p.codec.build(&ctx)), None),
+            Strategy::Sparse => (Kind::Sparse, Some(p.codec.build(&ctx)), None),
+            Strategy::Quantized => {
+                let codec = p.codec.clone();
+                let q = QuantizedAllReduce::new(len, rank, world, |leg, chunk| {
+                    let n = gradwire_collective::chunks::range(len, world, chunk).len();
+                    let leg_no: u64 = match leg {
+                        Leg::ReduceScatter => 0,
+                        Leg::AllGather => 1,
+                    };
+                    codec.build(&BuildContext {
+                        seed: seed ^ ((leg_no + 1) << 40) ^ ((chunk as u64) << 20),
+                        rank,
+                        world_size: world,
+                        layout: vec![n],
+                    })
+                });
+                (Kind::Quantized, None, Some(q))
+            }
+        };
+        TensorState {
+            kind,
+            codec,
+            quantized,
+            velocity,
+        }
+    }
+
+    fn push_entry(&mut self, desc: Descriptor, state: TensorState) -> usize {
+        let id = self.entries.len();
+        let len = desc.shape.iter().product::<u64>() as usize;
+        self.by_name.insert(desc.name.clone(), id);
+        self.entries.push(Entry { desc, len });
+        self.states.push(state);
+        self.ready_at.push(vec![0; self.world]);
+        id
+    }
+
+    /// Runs cycles until shutdown or failure; gives the transport back after a clean
+    /// shutdown (dropped after a failure, so that peers see this rank gone).
+    pub(crate) fn run(mut self) -> Option<Box<dyn Transport>> {
+        let mut last = Instant::now();
+        loop {
+            let (subs, shutdown) = self.wait_for_cycle(&mut last);
+            match self.cycle(subs, shutdown) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let mut q = lock(&self.shared.queue);
+                    q.exited = true;
+                    for s in q.subs.drain(..) {
+                        s.slot.complete(Err(Error::ShutDown));
+                    }
+                    drop(q);
+                    return Some(self.t);
+                }
+                Err(e) => {
+                    tracing::error!(rank = self.rank, "engine failed: {e}");
+                    let mut q = lock(&self.shared.queue);
+                    q.exited = true;
+                    q.fatal = Some(e.clone());
+                    for s in q.subs.drain(..) {
+                        s.slot.complete(Err(e.clone()));
+                    }
+                    drop(q);
+                    for (_, (s, _)) in self.pending.drain() {
+                        s.slot.complete(Err(e.clone()));
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn wait_for_cycle(&mut self, last: &mut Instant) -> (Vec<Submission>, bool) {
+        let cycle = self.cfg.cycle_time.max(Duration::from_micros(50));
+        // A burst of submissions (a backward pass handing over its gradients one by one)
+        // should reach one round together: once something is queued, wait until the queue
+        // has been quiet for `gap`, or a flush, or `cycle` since the burst began.
+        let gap = (cycle / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
+        let mut q = lock(&self.shared.queue);
+        let mut burst: Option<Instant> = None;
+        loop {
+            if q.shutdown && !self.announced_shutdown {
+                break;
+            }
+            let queued = q.subs.len();
+            let wait = if queued == 0 {
+                // With tensors pending here, rounds every `cycle` (they may become ready
+                // any moment); with nothing pending, idle rounds ten times less often (the
+                // others only need us for stall inspection and shutdown: a submission of
+                // ours starts a round at once).
+                let period = if self.pending.is_empty() {
+                    cycle * 10
+                } else {
+                    cycle
+                };
+                let elapsed = last.elapsed();
+                if elapsed >= period {
+                    break; // a round the others may be waiting in
+                }
+                period - elapsed
+            } else {
+                let began = *burst.get_or_insert_with(Instant::now);
+                if q.flush || began.elapsed() >= cycle {
+                    break;
+                }
+                gap.min(cycle - began.elapsed())
+            };
+            q = self
+                .shared
+                .wake
+                .wait_timeout(q, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if queued > 0 && q.subs.len() == queued {
+                break;
+            }
+        }
+        *last = Instant::now();
+        q.flush = false;
+        self.announced_shutdown |= q.shutdown;
+        (std::mem::take(&mut q.subs), q.shutdown)
+    }
+
+    /// One negotiation round and the execution of what it found ready. `Ok(false)`: done.
+    fn cycle(&mut self, subs: Vec<Submission>, shutdown: bool) -> Result<bool> {
+        let mut msg = Message {
+            shutdown,
+            now_us: now_us(),
+            ..Default::default()
+        };
+        for sub in subs {
+            let name = sub.desc.name.clone();
+            if self.pending.contains_key(&name) {
+                sub.slot
+                    .complete(Err(Error::AlreadyPending { tensor: name }));
+                continue;
+            }
+            match self.by_name.get(&name) {
+                Some(&id) => {
+                    if let Some((field, a, b)) = self.entries[id].desc.diff(&sub.desc) {
+                        sub.slot.complete(Err(Error::Mismatch {
+                            tensor: name,
+                            field,
+                            reference: self.rank,
+                            ranks: vec![self.rank],
+                            detail: format!("agreed: {a}, submitted here: {b}"),
+                        }));
+                        continue;
+                    }
+                    msg.new_ready.push((id as u32, sub.ready_us));
+                    self.pending.insert(name, (sub, Some(id)));
+                }
+                None => {
+                    msg.requests.push((sub.ready_us, (*sub.desc).clone()));
+                    self.pending.insert(name, (sub, None));
+                }
+            }
+        }
+        msg.set_bits(
+            self.entries.len(),
+            self.pending.values().filter_map(|(_, id)| *id),
+        );
+        msg.encode(&mut self.msg_buf);
+        let before = self.t.bytes_sent();
+        crate::rd_gather::all_gather_small(
+            &mut *self.t,
+            &self.msg_buf,
+            &mut self.gathered,
+            &mut self.rd_send,
+            &mut self.rd_recv,
+        )?;
+        let negotiated_us = now_us();
+        let msgs = self
+            .gathered
+            .iter()
+            .enumerate()
+            .map(|(r, b)| Message::decode(r, b))
+            .collect::<Result<Vec<_>>>()?;
+        {
+            let mut st = lock(&self.shared.stats);
+            st.bytes.negotiation_bytes += self.t.bytes_sent().saturating_sub(before);
+            st.cycles += 1;
+        }
+        let now = msgs.iter().map(|m| m.now_us).max().unwrap_or(msg.now_us);
+        let all_shutdown = msgs.iter().all(|m| m.shutdown);
+        for (r, m) in msgs.iter().enumerate() {
+            if m.nbits != self.entries.len() {
+                return Err(Error::Protocol {
+                    peer: r,
+                    what: "response cache out of step with this rank's",
+                });
+            }
+            for &(id, t) in &m.new_ready {
+                let row = self.ready_at.get_mut(id as usize).ok_or(Error::Protocol {
+                    peer: r,
+                    what: "ready time for an unknown cache id",
+                })?;
+                row[r] = t;
+            }
+            for (t, d) in &m.requests {
+                let i = match self.adhoc.iter().position(|a| a.name == d.name) {
+                    Some(i) => i,
+                    None => {
+                        self.adhoc.push(Adhoc {
+                            name: d.name.clone(),
+                            by_rank: vec![None; self.world],
+                        });
+                        self.adhoc.len() - 1
+                    }
+                };
+                self.adhoc[i].by_rank[r] = Some((*t, d.clone()));
+            }
+        }
+        let mut ready: Vec<usize> = (0..self.entries.len())
+            .filter(|&id| msgs.iter().all(|m| m.bit(id)))
+            .collect();
+        self.complete_adhoc(&mut ready);
+        self.inspect(&msgs, now)?;
+        self.execute(&ready, negotiated_us)?;
+        if all_shutdown {
+            self.fail_unmatched(&msgs);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Checks and caches the uncached tensors every rank has now requested.
+    fn complete_adhoc(&mut self, ready: &mut Vec<usize>) {
+        let mut i = 0;
+        while i < self.adhoc.len() {
+            if self.adhoc[i].by_rank.iter().any(Option::is_none) {
+                i += 1;
+                continue;
+            }
+            let a = self.adhoc.remove(i);
+            let entries: Vec<(u64, Descriptor)> = a.by_rank.into_iter().flatten().collect();
+            let reference = &entries[0].1;
+            let mut bad = Vec::new();
+            let mut first = None;
+            for (r, (_, d)) in entries.iter().enumerate().skip(1) {
+                if let Some(diff) = reference.diff(d) {
+                    bad.push(r);
+                    first.get_or_insert((r, diff));
+                }
+            }
+            if let Some((r, (field, a0, ar))) = first {
+                let e = Error::Mismatch {
+                    tensor: a.name.clone(),
+                    field,
+                    reference: 0,
+                    ranks: bad,
+                    detail: format!("rank 0: {a0}, rank {r}: {ar}"),
+                };
+                tracing::error!("{e}");
+                if let Some((s, _)) = self.pending.remove(&a.name) {
+                    s.slot.complete(Err(e));
+                }
+                continue;
+            }
+            let desc = reference.clone();
+            let kind = match desc.op {
+                OpKind::AllReduce => Kind::Dense,
+                OpKind::AllGather => Kind::AllGather,
+                OpKind::Broadcast => Kind::Broadcast(desc.root as usize),
+            };
+            let id = self.push_entry(
+                desc,
+                TensorState {
+                    kind,
+                    codec: None,
+                    quantized: None,
+                    velocity: None,
+                },
+            );
+            for (r, (t, _)) in entries.iter().enumerate() {
+                self.ready_at[id][r] = *t;
+            }
+            if let Some((_, slot_id)) = self.pending.get_mut(&a.name) {
+                *slot_id = Some(id);
+            }
+            ready.push(id);
+        }
+    }
+
+    /// The stall inspector: tensors some ranks submitted and others did not.
+    fn inspect(&mut self, msgs: &[Message], now: u64) -> Result<()> {
+        let mut stalls: Vec<(String, Vec<usize>, Vec<usize>, u64)> = Vec::new();
+        for id in 0..self.entries.len() {
+            let count = msgs.iter().filter(|m| m.bit(id)).count();
+            if count == 0 || count == self.world {
+                continue;
+            }
+            let have: Vec<usize> = (0..self.world).filter(|&r| msgs[r].bit(id)).collect();
+            let first = have
+                .iter()
+                .map(|&r| self.ready_at[id][r])
+                .min()
+                .unwrap_or(now);
+            let missing = (0..self.world).filter(|r| !have.contains(r)).collect();
+            stalls.push((self.entries[id].desc.name.clone(), have, missing, first));
+        }
+        for a in &self.adhoc {
+            let have: Vec<usize> = (0..self.world)
+                .filter(|&r| a.by_rank[r].is_some())
+                .collect();
+            let first = a
+                .by_rank
+                .iter()
+                .flatten()
+                .map(|(t, _)| *t)
+                .min()
+                .unwrap_or(now);
+            let missing = (0..self.world).filter(|r| !have.contains(r)).collect();
+            stalls.push((a.name.clone(), have, missing, first));
+        }
+        for (tensor, ready_ranks, missing_ranks, first) in stalls {
+            let waited = Duration::from_micros(now.saturating_sub(first));
+            if let Some(abort) = self.cfg.stall_abort {
+                if waited >= abort {
+                    return Err(Error::Stalled {
+                        tensor,
+                        missing_ranks,
+                        waited,
+                    });
+                }
+            }
+            if let Some(warn) = self.cfg.stall_warning {
+                if waited >= warn && !self.warned.contains(&tensor) {
+                    tracing::warn!(
+                        tensor = %tensor,
+                        ?missing_ranks,
+                        ?ready_ranks,
+                        "stall: tensor '{tensor}' submitted by ranks {ready_ranks:?} but not by \
+                         ranks {missing_ranks:?} for {waited:?}"
+                    );
+                    self.warned.insert(tensor.clone());
+                    lock(&self.shared.stats).stalls.push(StallReport {
+                        tensor,
+                        ready_ranks,
+                        missing_ranks,
+                        waited_ms: waited.as_millis() as u64,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Executes the ready tensors, fused, in id order.
+    fn execute(&mut self, ready: &[usize], negotiated_us: u64) -> Result<()> {
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let plan: Vec<(usize, Kind, usize)> = ready
+            .iter()
+            .map(|&id| (id, self.states[id].kind, 4 * self.entries[id].len))
+            .collect();
+        for mut group in plan_groups(&plan, self.cfg.fusion_bytes) {
+            group.sort_unstable();
+            self.run_group(&group, negotiated_us)?;
+        }
+        Ok(())
+    }
+
+    fn run_group(&mut self, group: &[usize], negotiated_us: u64) -> Result<()> {
+        let start = now_us();
+        let mut subs: Vec<Submission> = group
+            .iter()
+            .map(|&id| {
+                let name = &self.entries[id].desc.name;
+                self.warned.remove(name);
+                self.pending
+                    .remove(name)
+                    .expect("ready tensors are pending here")
+                    .0
+            })
+            .collect();
+        let kind = self.states[group[0]].kind;
+        let mut clock = Clock::start();
+        let before = self.t.bytes_sent();
+        let res = {
+            let mut items: Vec<Item<'_>> = Vec::with_capacity(group.len());
+            let mut subs_it = subs.iter_mut();
+            for (id, state) in self.states.iter_mut().enumerate() {
+                if group.binary_search(&id).is_ok() {
+                    let s = subs_it.next().expect("one submission per id");
+                    items.push(Item {
+                        state,
+                        data: &mut s.data,
+                        progress: s.progress,
+                    });
+                }
+            }
+            self.exec.run(
+                &mut *self.t,
+                self.cfg.momentum.as_ref(),
+                &mut items,
+                &mut clock,
+            )
+        };
+        let wire = self.t.bytes_sent().saturating_sub(before);
+        if let Err(e) = res {
+            for s in subs {
+                s.slot.complete(Err(e.clone()));
+            }
+            return Err(e);
+        }
+        // Stragglers: per rank, the latest submit time among the group's tensors.
+        let per_rank: Vec<u64> = (0..self.world)
+            .map(|r| {
+                group
+                    .iter()
+                    .map(|&id| self.ready_at[id][r])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let (mut last_rank, mut hi, mut lo) = (0, 0u64, u64::MAX);
+        for (r, &t) in per_rank.iter().enumerate() {
+            if t > hi {
+                hi = t;
+                last_rank = r;
+            }
+            lo = lo.min(t);
+        }
+        {
+            let mut st = lock(&self.shared.stats);
+            if matches!(kind, Kind::AllGather | Kind::Broadcast(_)) {
+                st.bytes.other_bytes += wire;
+            } else {
+                let raw: u64 = group
+                    .iter()
+                    .map(|&id| 4 * self.entries[id].len as u64)
+                    .sum();
+                st.add_step(subs[0].progress.step, raw, wire, group.len() as u64);
+            }
+            st.stragglers.record(
+                self.world,
+                StragglerRecord {
+                    tensor: self.entries[group[0]].desc.name.clone(),
+                    tensors: group.len(),
+                    last_rank,
+                    lag_us: hi.saturating_sub(lo),
+                },
+            );
+        }
+        if self.shared.timeline {
+            let mut spans = lock(&self.shared.spans);
+            for s in &subs {
+                let tensor = &s.desc.name;
+                let mut push = |phase, start_us, end_us| {
+                    spans.push(Span {
+                        tensor: tensor.clone(),
+                        phase,
+                        rank: self.rank,
+                        start_us,
+                        end_us,
+                    })
+                };
+                push(Phase::Negotiate, s.ready_us, negotiated_us.max(s.ready_us));
+                push(Phase::Queue, negotiated_us, start.max(negotiated_us));
+                for &(phase, a, b) in &clock.spans {
+                    push(phase, a, b);
+                }
+            }
+        }
+        for s in subs {
+            s.slot.complete(Ok(s.data));
+        }
+        Ok(())
+    }
+
+    /// At shutdown: what some ranks submitted and others never did fails, naming them.
+    fn fail_unmatched(&mut self, msgs: &[Message]) {
+        for (name, (s, id)) in self.pending.drain() {
+            let missing = match id {
+                Some(id) => (0..self.world).filter(|&r| !msgs[r].bit(id)).collect(),
+                None => self
+                    .adhoc
+                    .iter()
+                    .find(|a| a.name == name)
+                    .map(|a| {
+                        (0..self.world)
+                            .filter(|&r| a.by_rank[r].is_none())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            };
+            s.slot.complete(Err(Error::NotSubmittedEverywhere {
+                tensor: name,
+                missing_ranks: missing,
+            }));
+        }
+    }
+}
