@@ -1,0 +1,1 @@
+//! Sandblaster L-BFGS (DistBelief): placeholder, filled in below.
