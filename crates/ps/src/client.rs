@@ -177,11 +177,7 @@ impl Conn {
             self.stream = Some(s);
             // Register on every new connection (a restarted shard learns us again).
             let mut hello = std::mem::take(&mut self.hello);
-            let r = self.exchange(
-                &mut hello,
-                cfg.connect_timeout.max(Duration::from_secs(1)),
-                cfg,
-            );
+            let r = self.exchange(&mut hello, timeout, cfg);
             self.hello = hello;
             match r? {
                 Response::Error(e) if !e.code.is_protocol() => return Ok(Response::Error(e)),

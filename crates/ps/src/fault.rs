@@ -35,7 +35,7 @@ pub struct FaultConfig {
     pub drop: f64,
     /// Send the frame twice.
     pub duplicate: f64,
-    /// Hold the frame and send it after the next one.
+    /// Hold the frame and send it after the next one (or after 5 ms without one).
     pub reorder: f64,
     /// Sleep up to `max_delay` before forwarding.
     pub delay: f64,
@@ -165,7 +165,24 @@ fn pump(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut held: Option<Vec<u8>> = None;
     let hit = |rng: &mut ChaCha8Rng, p: f64| p > 0.0 && rng.gen_bool(p.min(1.0));
-    while let Ok(mut frame) = read_raw_frame(&mut from) {
+    loop {
+        if let Some(h) = held.as_ref() {
+            // A held frame goes out after the next frame, or after 5 ms without one.
+            let _ = from.set_read_timeout(Some(Duration::from_millis(5)));
+            let waiting = from.peek(&mut [0u8; 1]);
+            let _ = from.set_read_timeout(None);
+            if matches!(&waiting, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+            {
+                if to.write_all(h).is_err() {
+                    break;
+                }
+                held = None;
+                continue;
+            }
+        }
+        let Ok(mut frame) = read_raw_frame(&mut from) else {
+            break;
+        };
         if partitioned.load(Ordering::SeqCst) {
             counts.dropped.fetch_add(1, Ordering::Relaxed);
             continue;
