@@ -52,9 +52,11 @@ pub enum Consistency {
 
 impl FromStr for Consistency {
     type Err = Error;
-    /// `sync`, `async`, `ssp:S` (also `ssp:staleness=S`).
+    /// `sync`, `async`, `ssp:S` (also `ssp:staleness=S`), and the CLI's `ps-sync`,
+    /// `ps-async`, `ps-ssp:S`.
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim().to_ascii_lowercase();
+        let s = s.strip_prefix("ps-").map(str::to_string).unwrap_or(s);
         match s.as_str() {
             "sync" | "bsp" => return Ok(Consistency::Sync),
             "async" | "asp" | "downpour" => return Ok(Consistency::Async),
@@ -250,5 +252,32 @@ impl TableSpec {
     pub fn with_row_len(mut self, row_len: u32) -> Self {
         self.row_len = row_len.max(1);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consistency_specs_parse_and_print() {
+        for (s, c) in [
+            ("sync", Consistency::Sync),
+            ("ps-sync", Consistency::Sync),
+            ("async", Consistency::Async),
+            ("ps-async", Consistency::Async),
+            ("ssp:3", Consistency::Ssp { staleness: 3 }),
+            ("ps-ssp:0", Consistency::Ssp { staleness: 0 }),
+            ("ssp:staleness=7", Consistency::Ssp { staleness: 7 }),
+        ] {
+            assert_eq!(s.parse::<Consistency>().unwrap(), c, "{s}");
+            assert_eq!(c.to_string().parse::<Consistency>().unwrap(), c);
+        }
+        assert!("ssp".parse::<Consistency>().is_err());
+        assert!("ssp:-1".parse::<Consistency>().is_err());
+        assert!("2bit:threshold=0".parse::<PushCodec>().is_err());
+        assert!("powersgd".parse::<PushCodec>().is_err());
+        assert_eq!("none".parse::<PushCodec>().unwrap(), PushCodec::Dense);
+        assert_eq!("shrink".parse::<DeadPolicy>().unwrap(), DeadPolicy::Shrink);
     }
 }

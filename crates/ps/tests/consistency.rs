@@ -378,3 +378,58 @@ fn placement_spreads_a_big_table_over_both_shards() {
     let zeros = on.iter().filter(|s| **s == 0).count();
     assert!((2..=6).contains(&zeros), "{on:?}");
 }
+
+#[test]
+fn downpour_workers_train_a_quadratic_and_every_push_lands_once() {
+    // Minimize 0.5·|x - c|² with Downpour: 2 workers, n_fetch = 2, n_push = 3, server SGD.
+    let servers = shards(1, 2, |_| {});
+    let a = addrs(&servers);
+    let c: Vec<f32> = (0..8).map(|i| i as f32 - 3.0).collect();
+    let handles: Vec<_> = (0..2)
+        .map(|w| {
+            let (a, c) = (a.clone(), c.clone());
+            std::thread::spawn(move || {
+                let mut kv = client(w, a);
+                kv.init(
+                    Key(1),
+                    TableSpec::new(Consistency::Async, "sgd:lr=0.1".parse().unwrap()),
+                    &[0.0; 8],
+                )
+                .unwrap();
+                let mut dp = gradwire_ps::Downpour::new(Key(1), 8, 2, 3, 0.1);
+                let mut x = vec![0.0; 8];
+                for _ in 0..30 {
+                    dp.step(&mut kv, &mut x, |x, g| {
+                        g.extend(x.iter().zip(&c).map(|(x, c)| x - c))
+                    })
+                    .unwrap();
+                }
+                dp.flush(&mut kv).unwrap();
+                kv.leave().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let mut kv = client(0, a);
+    kv.init(
+        Key(1),
+        TableSpec::new(Consistency::Async, "sgd:lr=0.1".parse().unwrap()),
+        &[0.0; 8],
+    )
+    .unwrap();
+    let mut x = vec![0.0; 8];
+    kv.pull(Key(1), &mut x).unwrap();
+    let err = x
+        .iter()
+        .zip(&c)
+        .map(|(x, c)| (x - c).abs())
+        .fold(0.0, f32::max);
+    assert!(err < 0.05, "{x:?}");
+    assert_eq!(
+        kv.stats(0).unwrap().applied,
+        2 * 10,
+        "30 steps / n_push 3 = 10 pushes per worker"
+    );
+}
