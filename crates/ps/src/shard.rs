@@ -412,8 +412,8 @@ impl Shard {
             ));
         }
         let slot = &mut st.workers[w as usize];
-        slot.last_seen = Instant::now();
         let Some(inc) = incarnation else {
+            slot.last_seen = Instant::now();
             return Ok(());
         };
         if inc < slot.incarnation {
@@ -427,6 +427,9 @@ impl Shard {
                 ),
             ));
         }
+        // Only a current (or newer) incarnation keeps the worker alive: a fenced zombie's
+        // heartbeats do not.
+        slot.last_seen = Instant::now();
         if inc > slot.incarnation || (hello && slot.left) {
             let req = Request::Hello {
                 worker,
