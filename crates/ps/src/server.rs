@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub shard: ShardConfig,
     /// A connection must deliver each whole frame within this (idle connections close).
     pub frame_timeout: Duration,
+    /// Write a checkpoint this often (needs `shard.dir`; `None`: only on request).
+    pub checkpoint_every: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -33,6 +35,7 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             shard,
             frame_timeout: Duration::from_secs(60),
+            checkpoint_every: None,
         }
     }
 }
@@ -44,6 +47,7 @@ pub struct Server {
     shard: Arc<Shard>,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
+    checkpointer: Option<(std::sync::mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
 impl Server {
@@ -69,12 +73,30 @@ impl Server {
                         .spawn(move || serve_connection(&shard, conn, frame_timeout));
                 }
             })?;
+        let checkpointer = match (cfg.checkpoint_every, &cfg.shard.dir) {
+            (Some(every), Some(_)) => {
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let s3 = shard.clone();
+                let h = std::thread::spawn(move || {
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        rx.recv_timeout(every)
+                    {
+                        if let Err(e) = s3.checkpoint() {
+                            tracing::warn!(error = %e.message, "periodic checkpoint failed");
+                        }
+                    }
+                });
+                Some((tx, h))
+            }
+            _ => None,
+        };
         tracing::info!(%addr, shard = cfg.shard.shard_id, "ps shard serving");
         Ok(Server {
             addr,
             shard,
             stop,
             accept: Some(accept),
+            checkpointer,
         })
     }
 
@@ -94,6 +116,10 @@ impl Server {
     }
 
     fn stop_accepting(&mut self) {
+        if let Some((tx, h)) = self.checkpointer.take() {
+            drop(tx);
+            let _ = h.join();
+        }
         self.stop.store(true, Ordering::SeqCst);
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(h) = self.accept.take() {

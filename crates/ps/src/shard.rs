@@ -1372,6 +1372,56 @@ mod tests {
     }
 
     #[test]
+    fn dedup_state_stays_within_the_window() {
+        let shard = Shard::open(ShardConfig {
+            num_workers: 1,
+            dedup_window: 64,
+            ..ShardConfig::default()
+        })
+        .unwrap();
+        let chunk = ChunkId {
+            key: Key(1),
+            index: 0,
+        };
+        shard.handle(Request::Init {
+            chunk,
+            spec: TableSpec::new(Consistency::Async, crate::UpdaterSpec::Sum),
+            values: vec![0.0],
+        });
+        let push = |seq: u64| {
+            Request::Push(Push {
+                worker: WorkerId(0),
+                incarnation: 1,
+                seq,
+                chunk,
+                clock: 0,
+                mode: PushMode::Add,
+                encoding: Encoding::Dense,
+                payload: 1f32.to_le_bytes().to_vec(),
+            })
+        };
+        // 10,000 pushes, each block of 50 in scrambled order, each sent twice.
+        for block in 0..200u64 {
+            for i in 0..50u64 {
+                let seq = block * 50 + (i * 37) % 50;
+                shard.handle(push(seq));
+                shard.handle(push(seq));
+                let st = shard.lock();
+                assert!(st.workers[0].above.len() <= 64);
+            }
+        }
+        let st = shard.lock();
+        assert_eq!((st.workers[0].base, st.workers[0].above.len()), (10_000, 0));
+        assert_eq!(st.chunks[&chunk].values, vec![10_000.0]);
+        assert_eq!(st.stats.duplicates, 10_000);
+        drop(st);
+        match shard.handle(push(10_000 + 64)) {
+            Response::Error(e) => assert_eq!(e.code, ErrorCode::WindowExceeded),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn checkpoint_body_round_trips_and_every_truncation_is_refused() {
         let body = sample_checkpoint();
         check_checkpoint_body(2, &body).unwrap();

@@ -12,8 +12,8 @@ use gradwire_ps::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradwire-ps-server");
 
-fn spawn(listen: &str, dir: &std::path::Path) -> ShardProcess {
-    let args: Vec<String> = [
+fn spawn(listen: &str, dir: &std::path::Path, checkpoint_every_ms: Option<u64>) -> ShardProcess {
+    let mut args: Vec<String> = [
         "--listen",
         listen,
         "--workers",
@@ -29,14 +29,20 @@ fn spawn(listen: &str, dir: &std::path::Path) -> ShardProcess {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if let Some(ms) = checkpoint_every_ms {
+        args.extend(["--checkpoint-every-ms".to_string(), ms.to_string()]);
+    }
     ShardProcess::spawn(BIN.as_ref(), &args).expect("shard process starts")
 }
 
-fn kill_and_restart(consistency: Consistency) {
+fn kill_and_restart(consistency: Consistency, checkpoint_every_ms: Option<u64>) {
     const N: u64 = 40;
-    let dir = std::env::temp_dir().join(format!("gwps-proc-{}-{consistency}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "gwps-proc-{}-{consistency}-{checkpoint_every_ms:?}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut shard = spawn("127.0.0.1:0", &dir);
+    let mut shard = spawn("127.0.0.1:0", &dir, checkpoint_every_ms);
     let addr = shard.addr();
     let acked = Arc::new(AtomicU64::new(0));
     let spec = TableSpec::new(consistency, UpdaterSpec::Sum);
@@ -81,7 +87,7 @@ fn kill_and_restart(consistency: Consistency) {
     shard.kill();
     let before = acked.load(Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(200));
-    let shard2 = spawn(&addr.to_string(), &dir);
+    let shard2 = spawn(&addr.to_string(), &dir, checkpoint_every_ms);
     for w in workers {
         w.join().expect("worker survives the restart");
     }
@@ -103,10 +109,15 @@ fn kill_and_restart(consistency: Consistency) {
 
 #[test]
 fn sigkill_and_restart_async_loses_nothing_with_the_wal() {
-    kill_and_restart(Consistency::Async);
+    kill_and_restart(Consistency::Async, None);
+}
+
+#[test]
+fn sigkill_and_restart_with_periodic_checkpoints_and_the_wal_loses_nothing() {
+    kill_and_restart(Consistency::Async, Some(5));
 }
 
 #[test]
 fn sigkill_and_restart_sync_loses_nothing_with_the_wal() {
-    kill_and_restart(Consistency::Sync);
+    kill_and_restart(Consistency::Sync, Some(20));
 }

@@ -66,18 +66,11 @@ fn run() -> Result<(), String> {
         return Err("--wal needs --dir".into());
     }
     cfg.shard = shard;
+    cfg.checkpoint_every = ckpt_every;
     let server = Server::start(cfg).map_err(|e| e.to_string())?;
     println!("listening on {}", server.local_addr());
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     loop {
-        match ckpt_every {
-            Some(d) => {
-                std::thread::sleep(d);
-                if let Err(e) = server.shard().checkpoint() {
-                    eprintln!("checkpoint failed: {}", e.message);
-                }
-            }
-            None => std::thread::sleep(Duration::from_secs(3600)),
-        }
+        std::thread::sleep(Duration::from_secs(3600));
     }
 }
