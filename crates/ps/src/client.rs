@@ -19,8 +19,8 @@ use crate::placement::{ChunkPlace, Placement};
 use crate::spec::{ChunkId, Consistency, Key, PushCodec, PushMode, TableSpec, WorkerId};
 use crate::twobit::TwoBit;
 use crate::wire::{
-    put_raw_f32s, read_frame, Encoding, ErrorCode, Push, ReadError, RemoteError, Request, Response,
-    DEFAULT_MAX_BODY,
+    encode_push, read_frame, Encoding, ErrorCode, Payload, Push, ReadError, RemoteError, Request,
+    Response, DEFAULT_MAX_BODY,
 };
 use crate::{Error, Result};
 
@@ -110,6 +110,8 @@ struct Table {
     len: usize,
     places: Vec<ChunkPlace>,
     encs: Vec<Enc>,
+    /// One reusable frame buffer per chunk.
+    frames: Vec<Vec<u8>>,
     /// Sync: the round each chunk's next pull waits for.
     wait_round: Vec<u64>,
     pushes: u64,
@@ -371,6 +373,7 @@ impl KvStore {
             key,
             Table {
                 wait_round: vec![0; places.len()],
+                frames: vec![Vec::new(); places.len()],
                 encs,
                 places,
                 len: values.len(),
@@ -553,23 +556,21 @@ impl KvStore {
                 key,
                 index: p.index,
             };
+            // Frame buffers are kept per chunk and reused across calls.
+            let mut f = std::mem::take(&mut table.frames[i]);
             let frame = if let Some((g, mode)) = push {
                 let g = &g[p.start..p.start + p.len];
-                let mut payload = std::mem::take(&mut self.scratch);
+                let payload = &mut self.scratch;
                 let encoding = match (&mut table.encs[i], mode) {
                     (Enc::TwoBit(q), PushMode::Grad) => {
-                        q.encode(g, &mut payload);
+                        q.encode(g, payload);
                         Encoding::TwoBit
                     }
                     (Enc::Codec(c), PushMode::Grad) => {
-                        c.encode(g, &mut payload);
+                        c.encode(g, payload);
                         Encoding::Codec
                     }
-                    _ => {
-                        payload.clear();
-                        put_raw_f32s(&mut payload, g);
-                        Encoding::Dense
-                    }
+                    _ => Encoding::Dense,
                 };
                 let conn = &mut self.conns[p.shard];
                 let seq = conn.next_seq;
@@ -582,23 +583,18 @@ impl KvStore {
                     clock: table.pushes,
                     mode,
                     encoding,
-                    payload,
+                    payload: Vec::new(),
                 };
-                let mut f = Vec::new();
-                let req = if pulling {
-                    Request::PushPull(push)
-                } else {
-                    Request::Push(push)
+                let body = match encoding {
+                    Encoding::Dense => Payload::F32(g),
+                    _ => Payload::Bytes(payload),
                 };
-                req.encode(0, &mut f);
-                if let Request::Push(p) | Request::PushPull(p) = req {
-                    self.scratch = p.payload;
-                }
+                encode_push(&push, body, pulling, 0, &mut f);
                 Some(f)
             } else if rows.is_some() && chunk_rows[i].is_empty() {
+                table.frames[i] = f;
                 None
             } else {
-                let mut f = Vec::new();
                 Request::Pull {
                     worker: cfg.worker,
                     chunk,
@@ -619,13 +615,16 @@ impl KvStore {
             }
         }
         let busy = by_shard.iter().filter(|v| !v.is_empty()).count();
-        let mut results: Vec<(usize, Result<Response>)> = Vec::new();
-        let work =
-            |conn: &mut Conn, jobs: Vec<(usize, Vec<u8>)>| -> Vec<(usize, Result<Response>)> {
-                jobs.into_iter()
-                    .map(|(i, mut f)| (i, conn.call(&mut f, cfg, deadline)))
-                    .collect()
-            };
+        type Done = (usize, Result<Response>, Vec<u8>);
+        let mut results: Vec<Done> = Vec::new();
+        let work = |conn: &mut Conn, jobs: Vec<(usize, Vec<u8>)>| -> Vec<Done> {
+            jobs.into_iter()
+                .map(|(i, mut f)| {
+                    let r = conn.call(&mut f, cfg, deadline);
+                    (i, r, f)
+                })
+                .collect()
+        };
         if busy <= 1 {
             for (conn, jobs) in self.conns.iter_mut().zip(by_shard) {
                 if !jobs.is_empty() {
@@ -654,7 +653,8 @@ impl KvStore {
         let mut out = out;
         let mut first_err = None;
         let sync = table.spec.consistency == Consistency::Sync;
-        for (i, r) in results {
+        for (i, r, f) in results {
+            table.frames[i] = f;
             match r {
                 Err(e) => {
                     first_err.get_or_insert(e);

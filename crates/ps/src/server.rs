@@ -158,13 +158,9 @@ fn serve_connection(shard: &Shard, mut conn: TcpStream, frame_timeout: Duration)
                 return;
             }
         };
-        let resp = shard.handle(req);
-        resp.encode(header.rid, &mut out);
+        shard.handle_into(req, header.rid, &mut out);
         if conn.write_all(&out).is_err() {
             return;
-        }
-        if body.capacity() > (1 << 20) && body.len() < (1 << 16) {
-            body = Vec::new();
         }
     }
 }

@@ -197,6 +197,12 @@ struct State {
     frame: Vec<u8>,
 }
 
+/// A handled request: a response to encode, or one already encoded into the caller's frame.
+enum Out {
+    Resp(Response),
+    Encoded,
+}
+
 /// One parameter-server shard (see the module doc).
 pub struct Shard {
     cfg: ShardConfig,
@@ -303,6 +309,21 @@ impl Shard {
 
     /// Handles one request, waiting at most `max_wait` where the consistency mode says so.
     pub fn handle(&self, req: Request) -> Response {
+        match self.dispatch(req, None) {
+            Out::Resp(r) => r,
+            Out::Encoded => unreachable!("no frame buffer was given"),
+        }
+    }
+
+    /// Like [`Shard::handle`], but writes the response frame (request id `rid`) into `out`;
+    /// values are encoded straight from the chunk, without an intermediate copy.
+    pub fn handle_into(&self, req: Request, rid: u64, out: &mut Vec<u8>) {
+        if let Out::Resp(r) = self.dispatch(req, Some((rid, &mut *out))) {
+            r.encode(rid, out);
+        }
+    }
+
+    fn dispatch(&self, req: Request, frame: Option<(u64, &mut Vec<u8>)>) -> Out {
         let deadline = Instant::now() + self.cfg.max_wait;
         let r = match req {
             Request::Hello {
@@ -311,8 +332,10 @@ impl Shard {
             } => {
                 let mut st = self.lock();
                 self.touch(&mut st, worker, Some(incarnation), true)
-                    .map(|_| Response::Ok {
-                        value: self.cfg.shard_id as u64,
+                    .map(|_| {
+                        Out::Resp(Response::Ok {
+                            value: self.cfg.shard_id as u64,
+                        })
                     })
             }
             Request::Heartbeat {
@@ -321,7 +344,7 @@ impl Shard {
             } => {
                 let mut st = self.lock();
                 self.touch(&mut st, worker, Some(incarnation), false)
-                    .map(|_| Response::Ok { value: 0 })
+                    .map(|_| Out::Resp(Response::Ok { value: 0 }))
             }
             Request::Leave {
                 worker,
@@ -337,17 +360,17 @@ impl Shard {
                         self.log_request(&mut st, &req)?;
                         st.workers[worker.0 as usize].left = true;
                         self.cv.notify_all();
-                        Ok(Response::Ok { value: 0 })
+                        Ok(Out::Resp(Response::Ok { value: 0 }))
                     })
             }
             Request::Init {
                 chunk,
                 spec,
                 values,
-            } => self.init(chunk, spec, values),
+            } => self.init(chunk, spec, values).map(Out::Resp),
             Request::Push(p) => self
                 .push(p, deadline)
-                .map(|(round, _)| Response::Ok { value: round }),
+                .map(|(round, _)| Out::Resp(Response::Ok { value: round })),
             Request::PushPull(p) => {
                 let worker = p.worker;
                 let chunk = p.chunk;
@@ -355,7 +378,7 @@ impl Shard {
                 self.push(p, deadline).and_then(|(round, st)| {
                     drop(st);
                     let clock = if sync { round + 1 } else { 0 };
-                    self.pull(worker, chunk, clock, None, deadline)
+                    self.pull(worker, chunk, clock, None, deadline, frame)
                 })
             }
             Request::Pull {
@@ -363,25 +386,27 @@ impl Shard {
                 chunk,
                 clock,
                 rows,
-            } => self.pull(worker, chunk, clock, rows, deadline),
-            Request::Checkpoint => self.checkpoint().map(|lsn| Response::Ok { value: lsn }),
-            Request::Stats => Ok(Response::Stats(self.stats().to_vec())),
-            Request::VecOp(op) => self.vec_op(op),
+            } => self.pull(worker, chunk, clock, rows, deadline, frame),
+            Request::Checkpoint => self
+                .checkpoint()
+                .map(|lsn| Out::Resp(Response::Ok { value: lsn })),
+            Request::Stats => Ok(Out::Resp(Response::Stats(self.stats().to_vec()))),
+            Request::VecOp(op) => self.vec_op(op).map(Out::Resp),
             Request::SetVec {
                 slot,
                 chunk,
                 values,
-            } => self.set_vec(slot, chunk, values),
+            } => self.set_vec(slot, chunk, values).map(Out::Resp),
         };
         match r {
-            Ok(resp) => resp,
+            Ok(out) => out,
             Err(e) => {
                 let mut st = self.lock();
                 st.stats.request_errors += 1;
                 if e.code == ErrorCode::Fenced {
                     st.stats.fenced += 1;
                 }
-                Response::Error(*e)
+                Out::Resp(Response::Error(*e))
             }
         }
     }
@@ -862,7 +887,8 @@ impl Shard {
         clock: u64,
         rows: Option<Vec<u32>>,
         deadline: Instant,
-    ) -> Result<Response, Rejection> {
+        frame: Option<(u64, &mut Vec<u8>)>,
+    ) -> Result<Out, Rejection> {
         let mut st = self.lock();
         self.touch(&mut st, worker, None, false)?;
         let w = worker.0;
@@ -912,6 +938,10 @@ impl Shard {
             }
         }
         let c = &st.chunks[&id];
+        if let (None, Some((rid, out))) = (&rows, frame) {
+            crate::wire::encode_values(c.round, min_clock, &c.values, rid, out);
+            return Ok(Out::Encoded);
+        }
         let values = match rows {
             None => c.values.clone(),
             Some(rows) => {
@@ -930,11 +960,11 @@ impl Shard {
                 out
             }
         };
-        Ok(Response::Values {
+        Ok(Out::Resp(Response::Values {
             round: c.round,
             min_clock,
             values,
-        })
+        }))
     }
 
     /// Waits on the condvar until `ready` says so, the deadline passes (a `Timeout` naming

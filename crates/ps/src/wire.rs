@@ -525,7 +525,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(b);
 }
 
-fn put_push(out: &mut Vec<u8>, p: &Push) {
+fn put_push(out: &mut Vec<u8>, p: &Push, payload: Payload<'_>) {
     out.extend_from_slice(&p.worker.0.to_le_bytes());
     out.extend_from_slice(&p.incarnation.to_le_bytes());
     out.extend_from_slice(&p.seq.to_le_bytes());
@@ -533,8 +533,48 @@ fn put_push(out: &mut Vec<u8>, p: &Push) {
     out.extend_from_slice(&p.clock.to_le_bytes());
     out.push(p.mode as u8);
     out.push(p.encoding as u8);
-    out.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&p.payload);
+    match payload {
+        Payload::Bytes(b) => {
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            out.extend_from_slice(b);
+        }
+        Payload::F32(v) => {
+            out.extend_from_slice(&((4 * v.len()) as u32).to_le_bytes());
+            put_raw_f32s(out, v);
+        }
+    }
+}
+
+/// A push's payload given separately from its other fields.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// Encoded bytes.
+    Bytes(&'a [u8]),
+    /// Dense values, written as little-endian f32 straight into the frame.
+    F32(&'a [f32]),
+}
+
+/// Writes a Push (or, with `pull`, a PushPull) frame whose payload is `payload` (the
+/// `payload` field of `p` is ignored), without copying the payload twice.
+pub fn encode_push(p: &Push, payload: Payload<'_>, pull: bool, rid: u64, out: &mut Vec<u8>) {
+    begin(out, if pull { OP_PUSHPULL } else { OP_PUSH }, rid);
+    let n = match payload {
+        Payload::Bytes(b) => b.len(),
+        Payload::F32(v) => 4 * v.len(),
+    };
+    out.reserve(56 + n);
+    put_push(out, p, payload);
+    end(out);
+}
+
+/// Writes a Values response frame straight from `values`.
+pub fn encode_values(round: u64, min_clock: u64, values: &[f32], rid: u64, out: &mut Vec<u8>) {
+    begin(out, OP_VALUES, rid);
+    out.reserve(20 + 4 * values.len());
+    out.extend_from_slice(&round.to_le_bytes());
+    out.extend_from_slice(&min_clock.to_le_bytes());
+    put_f32s(out, values);
+    end(out);
 }
 
 impl Request {
@@ -592,7 +632,7 @@ impl Request {
                 put_str(out, &spec.codec.to_string());
                 put_f32s(out, values);
             }
-            Request::Push(p) | Request::PushPull(p) => put_push(out, p),
+            Request::Push(p) | Request::PushPull(p) => put_push(out, p, Payload::Bytes(&p.payload)),
             Request::Pull {
                 worker,
                 chunk,
@@ -806,10 +846,8 @@ impl Response {
                 min_clock,
                 values,
             } => {
-                begin(out, OP_VALUES, rid);
-                out.extend_from_slice(&round.to_le_bytes());
-                out.extend_from_slice(&min_clock.to_le_bytes());
-                put_f32s(out, values);
+                encode_values(*round, *min_clock, values, rid, out);
+                return;
             }
             Response::Stats(v) => {
                 begin(out, OP_STATSRESP, rid);
