@@ -579,7 +579,8 @@ impl Shard {
     }
 
     /// Decodes a push's payload into a dense delta of the chunk's length.
-    fn decode_delta(c: &Chunk, p: &Push) -> Result<Vec<f32>, Rejection> {
+    /// `pre`: the dense payload already decoded (outside the shard lock).
+    fn decode_delta(c: &Chunk, p: &Push, pre: Option<Vec<f32>>) -> Result<Vec<f32>, Rejection> {
         let n = c.values.len();
         let delta = match p.encoding {
             Encoding::Dense => {
@@ -595,7 +596,7 @@ impl Shard {
                         ),
                     ));
                 }
-                read_f32s(&p.payload)
+                pre.unwrap_or_else(|| read_f32s(&p.payload))
             }
             Encoding::Codec => {
                 let dec = c.decoder.as_ref().ok_or_else(|| {
@@ -754,6 +755,8 @@ impl Shard {
     }
 
     fn push(&self, p: Push, deadline: Instant) -> Result<(u64, MutexGuard<'_, State>), Rejection> {
+        // Decode a dense payload before taking the lock (other connections keep going).
+        let pre = (p.encoding == Encoding::Dense).then(|| read_f32s(&p.payload));
         let mut st = self.lock();
         self.touch(&mut st, p.worker, Some(p.incarnation), false)?;
         let w = p.worker.0;
@@ -794,7 +797,7 @@ impl Shard {
                 ),
             ));
         }
-        let delta = Self::decode_delta(c, &p)?;
+        let delta = Self::decode_delta(c, &p, pre)?;
         if sync {
             // A worker already in the open round waits for the next one.
             st = self.wait(
@@ -1207,7 +1210,7 @@ impl Shard {
                         }
                         Request::Push(p) if p.worker.0 < self.cfg.num_workers => {
                             if let Some(c) = st.chunks.get(&p.chunk) {
-                                if let Ok(delta) = Self::decode_delta(c, &p) {
+                                if let Ok(delta) = Self::decode_delta(c, &p, None) {
                                     Self::apply_push(st, &p, delta);
                                 }
                             }
