@@ -17,13 +17,17 @@ use gradwire_ps::{
 const WORKERS: usize = 4;
 const SHARDS: usize = 2;
 
-fn round_ms(len: usize, consistency: Consistency, rounds: usize) -> f64 {
+fn round_ms(len: usize, consistency: Consistency, rounds: usize, wal: bool) -> f64 {
+    let dir = std::env::temp_dir().join(format!("gwps-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     let servers: Vec<Server> = (0..SHARDS)
         .map(|i| {
             Server::start(ServerConfig::loopback(ShardConfig {
                 shard_id: i as u32,
                 num_workers: WORKERS as u32,
                 max_wait: Duration::from_secs(60),
+                dir: wal.then(|| dir.clone()),
+                wal,
                 ..ShardConfig::default()
             }))
             .unwrap()
@@ -56,6 +60,8 @@ fn round_ms(len: usize, consistency: Consistency, rounds: usize) -> f64 {
         })
         .collect();
     let ms: Vec<f64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
     ms.iter().sum::<f64>() / ms.len() as f64
 }
 
@@ -112,8 +118,17 @@ fn main() {
         ("LeNet-sized (62k f32)", 62_006usize, 50usize),
         ("16 MiB (4 Mi f32)", 4 << 20, 8),
     ] {
-        for c in [Consistency::Sync, Consistency::Async] {
-            let ms = round_ms(len, c, rounds);
+        for (c, wal) in [
+            (Consistency::Sync, false),
+            (Consistency::Async, false),
+            (Consistency::Sync, true),
+        ] {
+            let ms = round_ms(len, c, rounds, wal);
+            let c = if wal {
+                format!("{c} + fsynced WAL")
+            } else {
+                c.to_string()
+            };
             let bytes = (2 * WORKERS * len * 4) as f64;
             println!(
                 "{name}, {c}: {ms:.2} ms per push_pull round ({:.2} GB/s of f32 through the shards)",
