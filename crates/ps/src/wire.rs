@@ -244,8 +244,8 @@ pub struct Push {
     pub seq: u64,
     /// The target chunk.
     pub chunk: ChunkId,
-    /// The worker's clock for this chunk (its count of earlier pushes): the sync round or
-    /// the SSP clock.
+    /// The worker's count of earlier pushes to this table. Informational (logs, tools):
+    /// the shard keeps the authoritative sync rounds and SSP clocks itself.
     pub clock: u64,
     /// Gradient, additive update or assignment.
     pub mode: PushMode,
@@ -333,7 +333,8 @@ pub enum Request {
         worker: WorkerId,
         /// The chunk.
         chunk: ChunkId,
-        /// Sync: wait until this many rounds have closed. SSP: the reader's clock.
+        /// Sync: wait until this many rounds have closed. Async and SSP: ignored (an SSP
+        /// read waits on the reader's own push count, kept by the shard).
         clock: u64,
         /// Row ids (row-sparse pull), or `None` for the whole chunk.
         rows: Option<Vec<u32>>,

@@ -433,3 +433,30 @@ fn downpour_workers_train_a_quadratic_and_every_push_lands_once() {
         "30 steps / n_push 3 = 10 pushes per worker"
     );
 }
+
+#[test]
+fn assign_and_add_pushes_bypass_the_updater() {
+    let servers = shards(1, 1, |_| {});
+    let mut kv = client(0, addrs(&servers));
+    let adam: UpdaterSpec = "adam:lr=0.1".parse().unwrap();
+    kv.init(
+        Key(1),
+        TableSpec::new(Consistency::Async, adam),
+        &[1.0, 2.0],
+    )
+    .unwrap();
+    kv.push_with(Key(1), &[5.0, 6.0], PushMode::Assign).unwrap();
+    kv.push_with(Key(1), &[1.0, -1.0], PushMode::Add).unwrap();
+    let mut out = [0.0; 2];
+    kv.pull(Key(1), &mut out).unwrap();
+    assert_eq!(out, [6.0, 5.0]);
+    kv.init(Key(2), TableSpec::new(Consistency::Sync, adam), &[1.0])
+        .unwrap();
+    match kv.push_with(Key(2), &[5.0], PushMode::Assign) {
+        Err(Error::Remote {
+            code: gradwire_ps::ErrorCode::InvalidArgument,
+            ..
+        }) => {}
+        other => panic!("assign on a sync table must be refused, got {other:?}"),
+    }
+}
