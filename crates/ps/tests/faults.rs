@@ -357,3 +357,41 @@ fn a_checkpoint_restores_parameters_and_optimizer_state() {
     // Checkpoint only (no WAL): nothing past the checkpoint, but the checkpoint is exact.
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_stalled_or_slowloris_peer_is_dropped_by_the_frame_deadline() {
+    let mut cfg = gradwire_ps::ServerConfig::loopback(ShardConfig::default());
+    cfg.frame_timeout = Duration::from_millis(300);
+    let server = gradwire_ps::Server::start(cfg).unwrap();
+    let mut frame = Vec::new();
+    Request::Stats.encode(1, &mut frame);
+    let mut s = TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // One byte every 100 ms: each read succeeds, but the whole frame misses its deadline.
+    let t0 = std::time::Instant::now();
+    let mut closed = false;
+    for b in &frame {
+        if s.write_all(&[*b]).is_err() {
+            closed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if t0.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+    }
+    if !closed {
+        let mut buf = [0u8; 64];
+        closed = matches!(s.read(&mut buf), Ok(0) | Err(_));
+    }
+    assert!(closed, "the server closed the slow connection");
+    assert!(t0.elapsed() < Duration::from_secs(8));
+    // The server still serves others.
+    let mut kv = client(0, vec![server.local_addr()]);
+    kv.init(
+        Key(1),
+        TableSpec::new(Consistency::Async, UpdaterSpec::Sum),
+        &[0.0],
+    )
+    .unwrap();
+}
