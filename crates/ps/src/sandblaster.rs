@@ -10,7 +10,8 @@
 //!   *work units* much smaller than 1/N of the batch. A worker that finishes asks for the
 //!   next unit, so fast workers do more (load balancing). Near the end of a pass, when no
 //!   unit is left to hand out, idle workers get *backup copies* of units still running
-//!   elsewhere; the first result for a unit wins and later ones are dropped.
+//!   elsewhere; the first result for a unit wins, later ones are dropped, and a copy still
+//!   running (the emulated per-unit delay) stops once its unit is done.
 //! - Workers fetch the parameters once per pass. Unit results go to the coordinator, which
 //!   writes the summed gradient into the shards' gradient slot (a simplification of
 //!   DistBelief, where workers push gradients to the PS every few units).
@@ -264,6 +265,16 @@ impl Scheduler {
         }
     }
 
+    /// Whether unit `u` of pass `id` already has a result (or the pass is over): a copy
+    /// still running may stop.
+    fn is_done(&self, id: u64, u: usize) -> bool {
+        let st = self.lock();
+        st.pass
+            .as_ref()
+            .filter(|p| p.id == id)
+            .is_none_or(|p| p.done[u])
+    }
+
     fn complete(&self, id: u64, u: usize, worker: usize, loss: f64, grad: &[f64]) {
         let mut st = self.lock();
         st.units_run += 1;
@@ -446,10 +457,21 @@ pub fn run(
                     while let Some(u) = sched.next(w, id) {
                         grad.iter_mut().for_each(|g| *g = 0.0);
                         let loss = obj.unit_loss_grad(u, &params, &mut grad);
-                        if !delay.is_zero() {
-                            std::thread::sleep(delay);
+                        // The emulated extra compute, in slices: a copy whose unit another
+                        // worker already finished is cancelled (first finisher wins).
+                        let until = Instant::now() + delay;
+                        let mut cancelled = false;
+                        while Instant::now() < until {
+                            if sched.is_done(id, u) {
+                                cancelled = true;
+                                break;
+                            }
+                            let left = until.saturating_duration_since(Instant::now());
+                            std::thread::sleep(left.min(Duration::from_millis(1)));
                         }
-                        sched.complete(id, u, w, loss, &grad);
+                        if !cancelled {
+                            sched.complete(id, u, w, loss, &grad);
+                        }
                     }
                 }
                 Ok(())
