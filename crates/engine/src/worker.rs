@@ -174,6 +174,7 @@ impl Worker {
             rank,
             world_size: world,
             layout: vec![len],
+            ..Default::default()
         };
         let velocity = self.cfg.momentum.map(|_| vec![0.0; len]);
         let (kind, codec, quantized) = match p.strategy {
@@ -193,6 +194,7 @@ impl Worker {
                         rank,
                         world_size: world,
                         layout: vec![n],
+                        ..Default::default()
                     })
                 });
                 (Kind::Quantized, None, Some(q))

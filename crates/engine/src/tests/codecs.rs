@@ -86,6 +86,7 @@ fn reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<V
             rank,
             world_size: world,
             layout: vec![len],
+            ..Default::default()
         };
         let mut codecs: Vec<Box<dyn Codec>> = LENS
             .iter()
