@@ -80,6 +80,8 @@ pub use config::{
     TensorSpec,
 };
 pub use error::{Error, Result};
+/// The codecs the engine runs (spec strings, tensor roles), for callers that configure it.
+pub use gradwire_codec as codec;
 pub use gradwire_collective::CollectiveConfig;
 pub use handle::Handle;
 pub use stats::{

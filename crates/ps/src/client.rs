@@ -366,6 +366,7 @@ impl KvStore {
                     rank: self.cfg.worker.0 as usize,
                     world_size: self.cfg.shards.len().max(1),
                     layout: Vec::new(),
+                    ..Default::default()
                 })),
             })
             .collect();

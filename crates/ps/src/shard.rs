@@ -515,6 +515,7 @@ impl Shard {
                 rank: 0,
                 world_size: self.cfg.num_workers as usize,
                 layout: Vec::new(),
+                ..Default::default()
             })),
             _ => None,
         };

@@ -297,6 +297,7 @@ fn compressed_pushes_are_decoded_at_the_server() {
                 rank: 0,
                 world_size: 2,
                 layout: Vec::new(),
+                ..Default::default()
             });
             let mut buf = Vec::new();
             c.encode(&g[p.start..p.start + p.len], &mut buf);

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use gradwire_train::data::{default_data_dir, DatasetKind};
-use gradwire_train::{DenseSync, ModelKind, OptimizerConfig, TrainConfig, Trainer};
+use gradwire_train::{EngineSync, ModelKind, OptimizerConfig, TrainConfig, Trainer};
 use gradwire_transport::local::Local;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -98,7 +98,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         ..TrainConfig::default()
     };
     let model = kind.build(data.shape(), 1)?;
-    let sync = DenseSync::new(Local::world(1).pop().expect("one rank"));
+    let sync = EngineSync::dense(Local::world(1).pop().expect("one rank"), &model.tensors())?;
     let mut tr = Trainer::new(model, sync, config, data.train.len())?;
     println!(
         "{kind} on {}: {} steps/epoch",

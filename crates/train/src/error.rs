@@ -72,7 +72,7 @@ pub enum Error {
         /// The non-finite loss.
         loss: f32,
     },
-    /// A collective operation failed.
-    #[error("collective: {0}")]
-    Collective(#[from] gradwire_collective::Error),
+    /// The engine refused a setting, or a synchronization failed (naming the rank).
+    #[error("engine: {0}")]
+    Engine(#[from] gradwire_engine::Error),
 }

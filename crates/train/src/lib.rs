@@ -7,16 +7,16 @@
 //! own optimizers on flat buffers ([`optim`]), and the training loop ([`Trainer`]) that
 //! meets communication at exactly one seam, [`GradientSync`]. It never opens a socket, parses
 //! a command line, or knows how gradients are compressed or moved: a [`GradientSync`] (such as
-//! [`DenseSync`] over any `Transport`) does that.
+//! [`EngineSync`], gradwire-engine over any `Transport`) does that.
 //!
 //! ```no_run
-//! use gradwire_train::{data::DatasetKind, DenseSync, ModelKind, TrainConfig, Trainer};
+//! use gradwire_train::{data::DatasetKind, EngineSync, ModelKind, TrainConfig, Trainer};
 //! use gradwire_transport::local::Local;
 //!
 //! gradwire_train::init_threads(1);
 //! let data = DatasetKind::FashionMnist.load(&gradwire_train::data::default_data_dir(), 64)?;
 //! let model = ModelKind::LeNet.build(data.shape(), 42)?;
-//! let sync = DenseSync::new(Local::world(1).pop().unwrap());
+//! let sync = EngineSync::dense(Local::world(1).pop().unwrap(), &model.tensors())?;
 //! let config = TrainConfig { seed: 42, ..TrainConfig::default() };
 //! let mut trainer = Trainer::new(model, sync, config, data.train.len())?;
 //! let stats = trainer.run_epoch(&data, &mut |s| if s.step % 100 == 0 { println!("{}", s.loss) })?;
@@ -36,6 +36,9 @@ mod trainer;
 pub use error::{Error, Result};
 pub use model::{Eval, Model, ModelKind};
 pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
-pub use sync::{CompressedSync, DenseSync, GradientSync, SyncStats, SyncStrategy};
+pub use model::{ParamTensor, TensorRole};
+pub use sync::{
+    EngineConfig, EngineSync, GradientSync, MomentumConfig, Phase, Rule, SyncStats, SyncStrategy,
+};
 pub use threads::{init_threads, num_threads};
 pub use trainer::{evaluate, EpochStats, EvalMode, StepInfo, TrainConfig, Trainer};

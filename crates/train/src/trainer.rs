@@ -10,7 +10,7 @@ use crate::data::{shard_indices, shard_len, Dataset, Split};
 use crate::error::{Error, Result};
 use crate::model::{Eval, Model};
 use crate::optim::{Optimizer, OptimizerConfig};
-use crate::sync::{GradientSync, SyncStats};
+use crate::sync::{GradientSync, Phase, SyncStats};
 
 /// Which ranks evaluate the held-out split at the end of each epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -225,12 +225,34 @@ impl<S: GradientSync> Trainer<S> {
                     loss,
                 });
             }
-            let stats = self.sync.sync(&mut self.grads)?;
+            if let Some([start, fwd, bwd]) = self.model.last_pass_times() {
+                self.sync.record_phase(Phase::Forward, start, fwd);
+                self.sync.record_phase(Phase::Backward, fwd, bwd);
+            }
+            let (stats, lr, update_s) = if self.optimizer.updates_by_part() {
+                // Each tensor is updated as soon as its reduced gradient is in, while the
+                // others are still on the wire.
+                let (optimizer, params) = (&mut self.optimizer, &mut self.params);
+                let mut update_s = 0.0;
+                let stats = self.sync.sync_by_tensor(&mut self.grads, &mut |r, g| {
+                    let u0 = Instant::now();
+                    let start = r.start;
+                    optimizer.step_part(&mut params[r], g, start)?;
+                    update_s += u0.elapsed().as_secs_f64();
+                    Ok(())
+                })?;
+                (stats, self.optimizer.finish_step(), update_s)
+            } else {
+                let stats = self.sync.sync(&mut self.grads)?;
+                let u0 = Instant::now();
+                let lr = self.optimizer.step(&mut self.params, &self.grads)?;
+                (stats, lr, u0.elapsed().as_secs_f64())
+            };
             total.merge(&stats);
             let t1 = Instant::now();
-            let lr = self.optimizer.step(&mut self.params, &self.grads)?;
             self.model.set_params(&self.params);
-            compute_s += t1.elapsed().as_secs_f64();
+            self.sync.record_phase(Phase::Update, t1, Instant::now());
+            compute_s += t1.elapsed().as_secs_f64() + update_s;
             loss_sum += f64::from(loss);
             self.global_step += 1;
             on_step(&StepInfo {

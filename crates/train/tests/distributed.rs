@@ -4,7 +4,7 @@ use std::thread;
 
 use gradwire_train::data::{Dataset, DatasetKind, Split};
 use gradwire_train::{
-    CompressedSync, DenseSync, EvalMode, GradientSync, ModelKind, OptimizerConfig, SyncStrategy,
+    EngineConfig, EngineSync, EvalMode, GradientSync, ModelKind, MomentumConfig, OptimizerConfig,
     TrainConfig, Trainer,
 };
 use gradwire_transport::local::Local;
@@ -36,8 +36,8 @@ fn dense_sync_over_4_ranks_matches_one_process() {
             .map(|t| {
                 let b = quarter(t.rank());
                 thread::spawn(move || {
-                    let mut sync = DenseSync::new(t);
                     let mut m = kind.build(FMNIST, 5).unwrap();
+                    let mut sync = EngineSync::dense(t, &m.tensors()).unwrap();
                     let mut grads = vec![];
                     m.forward_backward(&b, &mut grads).unwrap();
                     sync.sync(&mut grads).unwrap();
@@ -89,21 +89,18 @@ fn run_world_with(
                 let model = kind.build(data.shape(), config.seed).unwrap();
                 let steps = data.train.len() / world / config.batch_size;
                 let sync: Box<dyn GradientSync> = match &codec {
-                    None => Box::new(DenseSync::new(t)),
+                    None => Box::new(EngineSync::dense(t, &model.tensors()).unwrap()),
                     Some((spec, mc)) => {
-                        let s = CompressedSync::new(
-                            t,
-                            spec.parse().unwrap(),
-                            SyncStrategy::Auto,
-                            model.layout(),
-                            config.seed,
-                            steps,
-                        );
-                        Box::new(if *mc {
-                            s.with_momentum_correction(0.9, false)
-                        } else {
-                            s
-                        })
+                        let engine = EngineConfig {
+                            codec: spec.parse().unwrap(),
+                            momentum: mc.then_some(MomentumConfig {
+                                beta: 0.9,
+                                nesterov: false,
+                            }),
+                            seed: config.seed,
+                            ..EngineConfig::default()
+                        };
+                        Box::new(EngineSync::new(t, engine, &model.tensors(), steps).unwrap())
                     }
                 };
                 let mut tr = Trainer::new(model, sync, config, data.train.len()).unwrap();
@@ -217,8 +214,8 @@ fn epoch_stats_on_real_data() {
                     ..TrainConfig::default()
                 };
                 let model = ModelKind::LeNet.build(data.shape(), 1).unwrap();
-                let mut tr =
-                    Trainer::new(model, DenseSync::new(t), config, data.train.len()).unwrap();
+                let sync = EngineSync::dense(t, &model.tensors()).unwrap();
+                let mut tr = Trainer::new(model, sync, config, data.train.len()).unwrap();
                 let mut steps = 0;
                 let s = tr.run_epoch(&data, &mut |_| steps += 1).unwrap();
                 (tr.sync().rank(), steps, s)
@@ -229,10 +226,13 @@ fn epoch_stats_on_real_data() {
         let (rank, steps, s) = h.join().unwrap();
         assert_eq!(steps, 10);
         assert!(s.train_loss.is_finite() && s.train_loss > 0.0);
-        assert_eq!(s.test_accuracy.is_some(), rank == 0);
+        // Sharded evaluation: every rank reports the whole split's accuracy.
+        assert!(s.test_accuracy.is_some(), "rank {rank}");
         assert!(s.val_perplexity.is_none());
         assert!(s.bytes_sent > 0 && s.comm_s >= 0.0 && s.compute_s > 0.0);
-        assert_eq!(s.compression_ratio, 1.0);
+        // Dense, 2 ranks: the canonical all-reduce sends the whole gradient once
+        // (reduce-scatter half, all-gather half), so raw / wire is 1 (to the odd element).
+        assert!((s.compression_ratio - 1.0).abs() < 1e-3, "{}", s.compression_ratio);
         let json = serde_json::to_value(&s).unwrap();
         for key in [
             "epoch",
@@ -266,7 +266,7 @@ fn lstm_on_real_shakespeare_reports_perplexity() {
         ..TrainConfig::default()
     };
     let model = ModelKind::CharLstm.build(data.shape(), 2).unwrap();
-    let sync = DenseSync::new(Local::world(1).pop().unwrap());
+    let sync = EngineSync::dense(Local::world(1).pop().unwrap(), &model.tensors()).unwrap();
     let mut tr = Trainer::new(model, sync, config, data.train.len()).unwrap();
     let s = tr.run_epoch(&data, &mut |_| {}).unwrap();
     let ppl = s.val_perplexity.unwrap();

@@ -18,6 +18,50 @@ pub(crate) fn layout<M: Module>(m: &M) -> Vec<usize> {
     v.0
 }
 
+/// One parameter tensor as the module declares it: its dotted path (`fc1.weight`), shape,
+/// and the type of the module holding it (`Linear`, `Conv2d`, `CharLstm`, ...).
+pub(crate) struct ParamPath {
+    pub(crate) path: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) holder: String,
+}
+
+/// Every parameter tensor's path, shape and holder, in flat order.
+pub(crate) fn param_paths<M: Module>(m: &M) -> Vec<ParamPath> {
+    struct Paths {
+        stack: Vec<(String, String)>,
+        out: Vec<ParamPath>,
+    }
+    impl ModuleVisitor for Paths {
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.stack.push((name.to_string(), container_type.to_string()));
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.stack.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let path = self
+                .stack
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(".");
+            let holder = self.stack.last().map_or("", |(_, t)| t.as_str());
+            self.out.push(ParamPath {
+                path,
+                shape: p.lazy_shape().to_vec(),
+                holder: holder.trim_start_matches("Struct:").to_string(),
+            });
+        }
+    }
+    let mut v = Paths {
+        stack: Vec::new(),
+        out: Vec::new(),
+    };
+    m.visit(&mut v);
+    v.out
+}
+
 /// Appends every parameter's values to `out`.
 pub(crate) fn read_params<M: Module>(m: &M, out: &mut Vec<f32>) {
     struct Read<'a>(&'a mut Vec<f32>);

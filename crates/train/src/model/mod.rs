@@ -57,6 +57,69 @@ impl Eval {
     }
 }
 
+/// What a parameter tensor is, for codecs that follow layer geometry (per-column 1-bit SGD
+/// and adaptive quantization, TernGrad's float output layer, DGC's dense 1-D tensors).
+pub use gradwire_engine::codec::TensorRole;
+
+/// One parameter tensor of a model, in flat order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamTensor {
+    /// Its dotted path in the model (`conv1.weight`, `fc3.bias`, `w_ih`).
+    pub name: String,
+    /// Its shape in burn's layout (Linear `[in, out]`, conv `[c_out, c_in, kh, kw]`).
+    pub shape: Vec<usize>,
+    /// Its role: the last linear layer's weight and bias are the `Output` layer.
+    pub role: TensorRole,
+}
+
+impl ParamTensor {
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True for an empty tensor.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Roles from where each tensor sits: a `weight` of a `Linear` is a linear weight, of a
+/// `Conv*` a convolution kernel, any 1-D tensor a bias, a 2-D parameter of a hand-written
+/// cell (an LSTM's `[in, 4 hidden]` gate matrices, used as `x W`) a linear weight; the last
+/// `Linear` holder's tensors are the output layer. Embeddings and anything else are `Other`.
+pub(crate) fn roles(paths: &[flat::ParamPath]) -> Vec<ParamTensor> {
+    let last_linear = paths
+        .iter()
+        .rposition(|p| p.holder == "Linear")
+        .map(|i| paths[i].path.rsplit_once('.').map_or("", |(m, _)| m).to_string());
+    paths
+        .iter()
+        .map(|p| {
+            let module = p.path.rsplit_once('.').map_or("", |(m, _)| m);
+            let leaf = p.path.rsplit('.').next().unwrap_or("");
+            let role = if p.holder == "Linear" && Some(module) == last_linear.as_deref() {
+                TensorRole::Output
+            } else if p.shape.len() == 1 {
+                TensorRole::Bias
+            } else if p.holder == "Linear" && leaf == "weight" {
+                TensorRole::LinearWeight
+            } else if p.holder.starts_with("Conv") && leaf == "weight" {
+                TensorRole::ConvWeight
+            } else if p.shape.len() == 2 && p.holder != "Embedding" {
+                TensorRole::LinearWeight
+            } else {
+                TensorRole::Other
+            };
+            ParamTensor {
+                name: p.path.clone(),
+                shape: p.shape.clone(),
+                role,
+            }
+        })
+        .collect()
+}
+
 /// A trainable model seen as flat `f32` buffers.
 ///
 /// The flat order is the same in every process for the same [`ModelKind`] and data shape,
@@ -70,6 +133,16 @@ pub trait Model: Send {
 
     /// Element count of each parameter tensor, in flat order (sums to `num_params`).
     fn layout(&self) -> Vec<usize>;
+
+    /// Name, shape and role of each parameter tensor, in flat order (their element counts
+    /// are [`Model::layout`]).
+    fn tensors(&self) -> Vec<ParamTensor>;
+
+    /// When the last [`Model::forward_backward`] started, ended its forward pass and ended
+    /// its backward pass (gradients taken out), for the timeline; `None` if unknown.
+    fn last_pass_times(&self) -> Option<[std::time::Instant; 3]> {
+        None
+    }
 
     /// Writes all parameters into `out` (cleared first).
     fn params(&self, out: &mut Vec<f32>);

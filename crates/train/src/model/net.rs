@@ -26,6 +26,8 @@ pub(crate) struct BurnModel<N: Net> {
     net: Option<N>,
     kind: ModelKind,
     layout: Vec<usize>,
+    tensors: Vec<super::ParamTensor>,
+    pass_times: Option<[std::time::Instant; 3]>,
     /// The autodiff device the parameters live on.
     device: Device,
 }
@@ -34,11 +36,18 @@ impl<N: Net> BurnModel<N> {
     /// Wraps `net` (built on `device`) and sets its parameters from `seed`.
     pub(crate) fn new(net: N, kind: ModelKind, device: Device, seed: u64) -> Self {
         let layout = flat::layout(&net);
+        let tensors = super::roles(&flat::param_paths(&net));
+        debug_assert_eq!(
+            tensors.iter().map(|t| t.len()).collect::<Vec<_>>(),
+            layout
+        );
         let init = init_flat(&layout, &net.init_plan(), seed);
         let mut m = BurnModel {
             net: Some(net),
             kind,
             layout,
+            tensors,
+            pass_times: None,
             device,
         };
         m.set_params(&init);
@@ -88,6 +97,14 @@ impl<N: Net> Model for BurnModel<N> {
         self.layout.clone()
     }
 
+    fn tensors(&self) -> Vec<super::ParamTensor> {
+        self.tensors.clone()
+    }
+
+    fn last_pass_times(&self) -> Option<[std::time::Instant; 3]> {
+        self.pass_times
+    }
+
     fn params(&self, out: &mut Vec<f32>) {
         out.clear();
         out.reserve(self.num_params());
@@ -105,12 +122,15 @@ impl<N: Net> Model for BurnModel<N> {
     }
 
     fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {
+        let t0 = std::time::Instant::now();
         let net = self.net();
         let (logits, targets) = net.logits(batch, &self.device)?;
         let loss = cross_entropy(logits, targets);
         let value = loss.clone().into_scalar::<f32>();
+        let t1 = std::time::Instant::now();
         let mut g = loss.backward();
         flat::take_grads(net, &mut g, grads);
+        self.pass_times = Some([t0, t1, std::time::Instant::now()]);
         Ok(value)
     }
 

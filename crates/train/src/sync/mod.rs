@@ -1,32 +1,17 @@
 //! The one seam between the trainer and communication: [`GradientSync`] turns this rank's
 //! gradient into the gradient to apply (averaged, or decoded from compressed payloads).
 
-mod compressed;
-mod dense;
+mod engine;
 
-pub use compressed::{CompressedSync, SyncStrategy};
-pub use dense::DenseSync;
+pub use engine::EngineSync;
+pub use gradwire_engine::{
+    EngineConfig, MomentumConfig, Phase, Rule, Strategy as SyncStrategy,
+};
 
-use gradwire_collective::{Collectives, ReduceOp};
-use gradwire_transport::Transport;
+use std::ops::Range;
+use std::time::Instant;
 
 use crate::error::Result;
-
-/// Makes every rank's `params` equal to rank 0's (nothing to do alone).
-fn broadcast_from_rank0<T: Transport>(t: &mut T, params: &mut [f32]) -> Result<()> {
-    if t.world_size() > 1 {
-        t.broadcast(params, 0)?;
-    }
-    Ok(())
-}
-
-/// Replaces `values` by their mean over the ranks (nothing to do alone).
-fn average_over_ranks<T: Transport>(t: &mut T, values: &mut [f64]) -> Result<()> {
-    if t.world_size() > 1 {
-        t.all_reduce(values, ReduceOp::Mean)?;
-    }
-    Ok(())
-}
 
 /// What one [`GradientSync::sync`] call cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -37,7 +22,7 @@ pub struct SyncStats {
     pub comm_s: f64,
     /// Size of the uncompressed gradient: `4 * grads.len()`.
     pub raw_bytes: u64,
-    /// Size of this rank's encoded gradient (`raw_bytes` for a dense sync).
+    /// Bytes the gradient collectives sent (for the compression ratio `raw / encoded`).
     pub encoded_bytes: u64,
 }
 
@@ -77,6 +62,25 @@ pub trait GradientSync: Send {
     /// (the mean over ranks, exactly or as decoded from compressed payloads).
     fn sync(&mut self, grads: &mut [f32]) -> Result<SyncStats>;
 
+    /// [`GradientSync::sync`], calling `on_ready(range, result)` for each part of `grads`
+    /// as soon as its result is in (so the caller can update those parameters while the
+    /// rest is still on the wire). The default syncs everything, then reports it as one part.
+    fn sync_by_tensor(
+        &mut self,
+        grads: &mut [f32],
+        on_ready: &mut dyn FnMut(Range<usize>, &[f32]) -> Result<()>,
+    ) -> Result<SyncStats> {
+        let stats = self.sync(grads)?;
+        on_ready(0..grads.len(), grads)?;
+        Ok(stats)
+    }
+
+    /// Records a phase of the step (forward, backward, update) in the timeline, if the
+    /// sync keeps one. The default ignores it.
+    fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
+        let _ = (phase, start, end);
+    }
+
     /// Averages a few metric values (e.g. the epoch's training loss) over the ranks. The
     /// default leaves them local; implementations with a transport should average.
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
@@ -100,5 +104,15 @@ impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
     }
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
         (**self).average_metrics(values)
+    }
+    fn sync_by_tensor(
+        &mut self,
+        grads: &mut [f32],
+        on_ready: &mut dyn FnMut(Range<usize>, &[f32]) -> Result<()>,
+    ) -> Result<SyncStats> {
+        (**self).sync_by_tensor(grads, on_ready)
+    }
+    fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
+        (**self).record_phase(phase, start, end)
     }
 }
