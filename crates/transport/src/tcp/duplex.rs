@@ -1,0 +1,310 @@
+//! The data path: one send and/or one receive driven to completion over non-blocking sockets
+//! with `poll(2)` (full duplex, so a ring step never deadlocks), frame parsing against the
+//! size limit, the no-progress deadline, and the abort notice that tells every rank which
+//! rank failed.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+use super::frame::{FrameError, FrameHeader, FRAME_HEADER_LEN};
+use super::Tcp;
+use crate::{Error, Op, Result};
+
+/// Where a receive puts its payload.
+pub(super) enum Sink<'a> {
+    Vec(&'a mut Vec<u8>),
+    Slice(&'a mut [u8]),
+}
+
+impl Tcp {
+    /// Drives one send and/or one receive to completion with `poll(2)`.
+    pub(super) fn transfer(
+        &mut self,
+        send: Option<(usize, &[u8])>,
+        recv: Option<(usize, Sink<'_>)>,
+    ) -> Result<()> {
+        let res = self.transfer_inner(send, recv);
+        if let Err(e) = &res {
+            if let Some(failed) = failed_rank(e) {
+                self.abort(failed);
+            }
+        }
+        res
+    }
+
+    fn transfer_inner(
+        &mut self,
+        send: Option<(usize, &[u8])>,
+        recv: Option<(usize, Sink<'_>)>,
+    ) -> Result<()> {
+        if let Some((to, msg)) = send {
+            self.check_peer(to)?;
+            if msg.len() as u64 > self.max_frame {
+                return Err(Error::FrameTooLarge {
+                    peer: to,
+                    len: msg.len() as u64,
+                    max: self.max_frame,
+                });
+            }
+        }
+        if let Some((from, _)) = &recv {
+            self.check_peer(*from)?;
+        }
+        let header = send.map(|(_, m)| FrameHeader::Data(m.len() as u32).encode());
+        let mut sent = 0usize; // bytes of header + payload written
+        let send_total = send.map_or(0, |(_, m)| FRAME_HEADER_LEN + m.len());
+
+        let mut rhead = [0u8; FRAME_HEADER_LEN];
+        let mut rgot = 0usize; // header bytes, then header + payload bytes
+        let mut rtotal: Option<usize> = None; // header + payload, once the header is known
+        let (recv_from, mut sink) = match recv {
+            Some((f, s)) => (Some(f), Some(s)),
+            None => (None, None),
+        };
+        let mut last_progress = Instant::now();
+        self.partial_send = send.map(|(to, _)| to);
+
+        loop {
+            let mut progressed = false;
+            let mut want_out = false;
+            let mut want_in = false;
+            // Send side.
+            if let (Some((to, msg)), Some(h)) = (send, header.as_ref()) {
+                while sent < send_total {
+                    let stream = self.peers[to].as_mut().expect("checked peer");
+                    let r = if sent < FRAME_HEADER_LEN {
+                        stream.write_vectored(&[IoSlice::new(&h[sent..]), IoSlice::new(msg)])
+                    } else {
+                        stream.write(&msg[sent - FRAME_HEADER_LEN..])
+                    };
+                    match r {
+                        Ok(0) => {
+                            return Err(Error::PeerClosed {
+                                peer: to,
+                                op: Op::Send,
+                            })
+                        }
+                        Ok(k) => {
+                            sent += k;
+                            progressed = true;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            want_out = true;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_error(to, Op::Send, e)),
+                    }
+                }
+            }
+            // Receive side.
+            if let (Some(from), Some(sink)) = (recv_from, sink.as_mut()) {
+                loop {
+                    if rtotal == Some(rgot) {
+                        break;
+                    }
+                    let stream = self.peers[from].as_mut().expect("checked peer");
+                    let r = if rgot < FRAME_HEADER_LEN {
+                        stream.read(&mut rhead[rgot..])
+                    } else {
+                        let off = rgot - FRAME_HEADER_LEN;
+                        let end = rtotal.expect("header parsed") - FRAME_HEADER_LEN;
+                        match sink {
+                            Sink::Vec(v) => stream.read(&mut v[off..end]),
+                            Sink::Slice(s) => stream.read(&mut s[off..end]),
+                        }
+                    };
+                    match r {
+                        Ok(0) => {
+                            return Err(Error::PeerClosed {
+                                peer: from,
+                                op: Op::Recv,
+                            })
+                        }
+                        Ok(k) => {
+                            rgot += k;
+                            progressed = true;
+                            if rgot == FRAME_HEADER_LEN && rtotal.is_none() {
+                                let len = self.parse_header(from, &rhead)?;
+                                match sink {
+                                    Sink::Vec(v) => {
+                                        v.clear();
+                                        v.resize(len, 0);
+                                    }
+                                    Sink::Slice(s) if s.len() != len => {
+                                        return Err(Error::SizeMismatch {
+                                            peer: from,
+                                            expected: s.len(),
+                                            got: len,
+                                        });
+                                    }
+                                    Sink::Slice(_) => {}
+                                }
+                                rtotal = Some(FRAME_HEADER_LEN + len);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            want_in = true;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_error(from, Op::Recv, e)),
+                    }
+                }
+            }
+            if !want_in && !want_out {
+                break;
+            }
+            let now = Instant::now();
+            if progressed {
+                last_progress = now;
+            }
+            let left = self
+                .timeout
+                .saturating_sub(now.duration_since(last_progress));
+            if left.is_zero() {
+                return Err(
+                    self.stall_error(want_in.then_some(recv_from).flatten(), send.map(|s| s.0))
+                );
+            }
+            let mut fds = Vec::with_capacity(2);
+            if want_out {
+                let (to, _) = send.expect("sending");
+                fds.push(libc::pollfd {
+                    fd: self.fd(to),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+            }
+            if want_in {
+                let from = recv_from.expect("receiving");
+                fds.push(libc::pollfd {
+                    fd: self.fd(from),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: `fds` is a valid, initialised array of `fds.len()` pollfd structs that
+            // lives across the call; poll only writes their `revents` fields.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    let peer = recv_from.or(send.map(|s| s.0)).unwrap_or(self.rank);
+                    return Err(Error::Io {
+                        peer,
+                        op: Op::Recv,
+                        source: e,
+                    });
+                }
+            }
+        }
+        if let Some((_, msg)) = send {
+            self.bytes_sent += msg.len() as u64;
+        }
+        self.partial_send = None;
+        Ok(())
+    }
+
+    fn parse_header(&self, from: usize, h: &[u8; FRAME_HEADER_LEN]) -> Result<usize> {
+        match FrameHeader::decode(h, self.max_frame) {
+            Ok(FrameHeader::Data(len)) => Ok(len as usize),
+            Ok(FrameHeader::Abort(failed)) => {
+                let failed = failed as usize;
+                if failed < self.world_size {
+                    Err(Error::PeerFailed {
+                        peer: failed,
+                        reported_by: from,
+                    })
+                } else {
+                    Err(Error::BadFrame {
+                        peer: from,
+                        what: "abort names no rank of this job",
+                    })
+                }
+            }
+            Err(FrameError::TooLarge(len)) => Err(Error::FrameTooLarge {
+                peer: from,
+                len,
+                max: self.max_frame,
+            }),
+            Err(_) => Err(Error::BadFrame {
+                peer: from,
+                what: "bad magic",
+            }),
+        }
+    }
+
+    fn stall_error(&self, recv_from: Option<usize>, send_to: Option<usize>) -> Error {
+        match (recv_from, send_to) {
+            (Some(from), _) => Error::Timeout {
+                peer: from,
+                op: Op::Recv,
+                after: self.timeout,
+            },
+            (None, Some(to)) => Error::Timeout {
+                peer: to,
+                op: Op::Send,
+                after: self.timeout,
+            },
+            (None, None) => Error::Timeout {
+                peer: self.rank,
+                op: Op::Recv,
+                after: self.timeout,
+            },
+        }
+    }
+
+    fn fd(&self, peer: usize) -> i32 {
+        self.peers[peer].as_ref().expect("checked peer").as_raw_fd()
+    }
+
+    /// Tells every other rank that `failed` failed (best effort, never blocks), then stops
+    /// using the connections. Called automatically when a call fails because of a peer.
+    pub fn abort(&mut self, failed: usize) {
+        if self.aborted {
+            return;
+        }
+        self.aborted = true;
+        let frame = FrameHeader::Abort(failed as u32).encode();
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            if let Some(s) = p {
+                if r != failed && Some(r) != self.partial_send {
+                    // Non-blocking: a full buffer simply loses the notice; the peer then
+                    // learns of the failure from its own deadline.
+                    let _ = s.write(&frame);
+                }
+                let _ = s.shutdown(Shutdown::Write);
+            }
+        }
+    }
+}
+
+/// The rank whose failure an error reports, if the error is about a peer's health.
+fn failed_rank(e: &Error) -> Option<usize> {
+    match e {
+        Error::Timeout { peer, .. }
+        | Error::PeerClosed { peer, .. }
+        | Error::Io { peer, .. }
+        | Error::BadFrame { peer, .. }
+        | Error::FrameTooLarge { peer, .. }
+        | Error::PeerFailed { peer, .. } => Some(*peer),
+        _ => None,
+    }
+}
+
+fn io_error(peer: usize, op: Op, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionAborted => Error::PeerClosed { peer, op },
+        _ => Error::Io {
+            peer,
+            op,
+            source: e,
+        },
+    }
+}
