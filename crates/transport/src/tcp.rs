@@ -1,11 +1,18 @@
 //! `tcp`: a full mesh of TCP connections between the ranks of a job.
 //!
 //! Rendezvous goes through rank 0 at the master address (like a TCP store): every rank binds
-//! its own listener on port 0 (no fixed port ranges, so parallel jobs never collide), sends
-//! rank 0 a handshake with the shared token (`GRADWIRE_TOKEN`), and gets back the table of
-//! listening addresses; then each rank connects to the lower ranks and accepts the higher
-//! ones. A connection with a wrong token, or one that sends garbage, is dropped with a log
-//! line while the job goes on.
+//! its own listener on port 0 (no fixed port ranges, so parallel jobs never collide), joins
+//! rank 0 and gets back the table of listening addresses; then each
+//! rank connects to the lower ranks and accepts the higher ones. Every connection opens with
+//! a mutual challenge-response on the shared token (`GRADWIRE_TOKEN`; HMAC-SHA256, the token
+//! never crosses the wire), so a stranger can neither join nor pose as rank 0. A connection
+//! that fails it, sends garbage or stays silent is dropped with a log line while the job
+//! goes on: the accepting rank runs all pending handshakes at once, each with its own
+//! deadline ([`TcpConfig::handshake_timeout`]).
+//!
+//! Modules: `rendezvous` (address table exchange), `handshake` (the proofs, and the
+//! concurrent accepting gate), `duplex` (the data path), `sys` (system calls and socket
+//! options), [`frame`] (every wire format, pure and fuzzed).
 //!
 //! Data moves in frames ([`frame`]) whose length is checked against [`TcpConfig::max_frame`]
 //! before anything is allocated. All sockets are non-blocking and driven by `poll(2)`, so
@@ -31,6 +38,8 @@ use sys::set_buffers;
 
 /// Largest message accepted by default (1 GiB).
 pub const DEFAULT_MAX_FRAME: u64 = 1 << 30;
+/// Default deadline of one connection's whole handshake.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a rank joins a TCP job.
 #[derive(Debug, Clone)]
@@ -49,6 +58,9 @@ pub struct TcpConfig {
     pub max_frame: u64,
     /// Socket send/receive buffer size in bytes; `None` keeps the kernel's autotuning.
     pub socket_buffer: Option<usize>,
+    /// Deadline of one connection's whole handshake (capped by `timeout`); a stranger that
+    /// has not proved the token by then is dropped.
+    pub handshake_timeout: Duration,
 }
 
 impl TcpConfig {
@@ -67,7 +79,13 @@ impl TcpConfig {
             timeout: DEFAULT_TIMEOUT,
             max_frame: DEFAULT_MAX_FRAME,
             socket_buffer: None,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         }
+    }
+
+    /// The deadline of one connection's handshake.
+    fn handshake_limit(&self) -> Duration {
+        self.handshake_timeout.min(self.timeout)
     }
 }
 
@@ -224,11 +242,19 @@ fn check_cfg(cfg: &TcpConfig) -> Result<()> {
     if cfg.world_size > u32::MAX as usize {
         return Err(rendezvous("world size too large".into()));
     }
-    if cfg.token.len() > frame::MAX_TOKEN {
+    if cfg.max_frame > frame::MAX_FRAME_LIMIT {
         return Err(rendezvous(format!(
-            "token longer than {} bytes",
-            frame::MAX_TOKEN
+            "max_frame {} exceeds what a frame header can carry ({} bytes)",
+            cfg.max_frame,
+            frame::MAX_FRAME_LIMIT
         )));
+    }
+    if cfg.token.is_empty() && !cfg.master.ip().is_loopback() {
+        tracing::warn!(
+            master = %cfg.master,
+            "the token is empty and the master address is not loopback: any host that \
+             reaches it can join this job (set GRADWIRE_TOKEN)"
+        );
     }
     Ok(())
 }

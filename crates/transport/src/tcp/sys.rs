@@ -1,11 +1,10 @@
 //! System calls and socket options: deadlines on connect and accept, `poll(2)`, buffer sizes.
 
-use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::rendezvous;
 use crate::{Error, Result};
 
 pub(super) fn remaining(deadline: Instant) -> Duration {
@@ -33,39 +32,49 @@ pub(super) fn connect_before(
     }
 }
 
-/// Accepts one connection before the deadline (the listener is polled, never blocks past it).
-pub(super) fn accept_before(
-    listener: &TcpListener,
-    deadline: Instant,
-    why_late: impl Fn() -> String,
-) -> Result<(TcpStream, SocketAddr)> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| rendezvous(format!("listener: {e}")))?;
-    loop {
-        match listener.accept() {
-            Ok((s, a)) => {
-                s.set_nonblocking(false)
-                    .map_err(|e| rendezvous(format!("accepted socket: {e}")))?;
-                return Ok((s, a));
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(rendezvous(why_late()));
-                }
-                let mut fd = libc::pollfd {
-                    fd: listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let ms = remaining(deadline).as_millis().clamp(1, 100) as i32;
-                // SAFETY: one valid pollfd that outlives the call.
-                unsafe { libc::poll(&mut fd, 1, ms) };
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(rendezvous(format!("accept: {e}"))),
+/// Waits for `fds` with `poll(2)` for at most `wait` (at least 1 ms, at most 100 ms so
+/// callers recheck their deadlines); an interrupted wait counts as a wake-up.
+pub(super) fn poll(fds: &mut [libc::pollfd], wait: Duration) -> io::Result<()> {
+    let ms = wait.as_millis().clamp(1, 100) as i32;
+    // SAFETY: `fds` is a valid, initialised slice of pollfd structs that outlives the call;
+    // poll only writes their `revents` fields.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
         }
     }
+    Ok(())
+}
+
+/// Fills `buf` from a blocking stream before `deadline`, however slowly the bytes come
+/// (each read's timeout is what is left of the whole deadline).
+pub(super) fn read_exact_before(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        if Instant::now() >= deadline {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(remaining(deadline)))?;
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => got += k,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    stream.set_read_timeout(None)
 }
 
 pub(super) fn set_buffers(s: &TcpStream, size: usize) {
