@@ -31,7 +31,7 @@ mod sys;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use crate::{Error, Op, Result, Transport, DEFAULT_TIMEOUT};
+use crate::{Error, Op, Result, SplitStep, Transport, DEFAULT_TIMEOUT};
 
 use duplex::Sink;
 use sys::set_buffers;
@@ -102,6 +102,10 @@ pub struct Tcp {
     aborted: bool,
     /// A peer we stopped writing to in the middle of a frame (an abort notice would corrupt it).
     partial_send: Option<usize>,
+    /// The ring step in flight between [`SplitStep::post`] and [`SplitStep::complete_into`].
+    posted: Option<duplex::Posted>,
+    /// The part of the posted frame the kernel has not taken yet.
+    tail: Vec<u8>,
 }
 
 impl Tcp {
@@ -144,6 +148,8 @@ impl Tcp {
             peers,
             aborted: false,
             partial_send: None,
+            posted: None,
+            tail: Vec::new(),
         })
     }
 
@@ -197,6 +203,10 @@ impl Transport for Tcp {
 
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent
+    }
+
+    fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
+        Some(self)
     }
 }
 
@@ -382,5 +392,44 @@ mod tests {
         a.peers[1].as_ref().unwrap().write_all(b"garbage!").unwrap();
         let err = b.recv(0, &mut Vec::new()).unwrap_err();
         assert!(matches!(err, Error::BadFrame { peer: 0, .. }), "{err}");
+    }
+
+    #[test]
+    fn split_steps_move_large_messages_and_refuse_misuse() {
+        let n = 3;
+        let got = run(loopback_world(n).unwrap(), |mut t| {
+            let me = t.rank();
+            let n = t.world_size();
+            let (to, from) = ((me + 1) % n, (me + n - 1) % n);
+            let mut outs = vec![vec![0u8; 4 << 20]; 3];
+            for (i, out) in outs.iter_mut().enumerate() {
+                let msg = vec![(me * 10 + i) as u8; 4 << 20];
+                let ss = t.split_step().unwrap();
+                ss.post(to, &msg, from).unwrap();
+                if i == 0 {
+                    let e = ss.post(to, &msg, from).unwrap_err();
+                    assert!(matches!(e, Error::Misuse { .. }), "{e}");
+                }
+                ss.complete_into(out).unwrap();
+            }
+            let e = t.split_step().unwrap().complete_into(&mut []).unwrap_err();
+            assert!(matches!(e, Error::Misuse { .. }), "{e}");
+            (
+                outs.iter().map(|o| o[0]).collect::<Vec<_>>(),
+                t.bytes_sent(),
+            )
+        });
+        for (me, (firsts, sent)) in got.into_iter().enumerate() {
+            let from = (me + n - 1) % n;
+            assert_eq!(
+                firsts,
+                vec![
+                    (from * 10) as u8,
+                    (from * 10 + 1) as u8,
+                    (from * 10 + 2) as u8
+                ]
+            );
+            assert_eq!(sent, 12 << 20);
+        }
     }
 }

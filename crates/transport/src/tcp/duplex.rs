@@ -10,12 +10,29 @@ use std::time::Instant;
 
 use super::frame::{FrameError, FrameHeader, FRAME_HEADER_LEN};
 use super::Tcp;
-use crate::{Error, Op, Result};
+use crate::{Error, Op, Result, SplitStep};
 
 /// Where a receive puts its payload.
 pub(super) enum Sink<'a> {
     Vec(&'a mut Vec<u8>),
     Slice(&'a mut [u8]),
+}
+
+/// Bytes to write on one connection: `head` then `body` (a frame header and its payload,
+/// or what is left of a posted frame).
+#[derive(Clone, Copy)]
+struct Out<'a> {
+    to: usize,
+    head: &'a [u8],
+    body: &'a [u8],
+}
+
+/// A ring step posted with [`SplitStep::post`]: its frame is (partly) written, and what the
+/// kernel did not take yet waits in [`Tcp`]'s `tail`.
+pub(super) struct Posted {
+    to: usize,
+    from: usize,
+    len: usize,
 }
 
 impl Tcp {
@@ -25,7 +42,17 @@ impl Tcp {
         send: Option<(usize, &[u8])>,
         recv: Option<(usize, Sink<'_>)>,
     ) -> Result<()> {
-        let res = self.transfer_inner(send, recv);
+        if self.posted.is_some() {
+            return Err(Error::Misuse {
+                what: "a posted step must be completed before the next call",
+            });
+        }
+        let res = self.checked_transfer(send, recv);
+        self.after(res)
+    }
+
+    /// On an error that names a failed peer, tells the others (once).
+    fn after(&mut self, res: Result<()>) -> Result<()> {
         if let Err(e) = &res {
             if let Some(failed) = failed_rank(e) {
                 self.abort(failed);
@@ -34,27 +61,75 @@ impl Tcp {
         res
     }
 
-    fn transfer_inner(
+    fn check_send(&self, to: usize, msg: &[u8]) -> Result<[u8; FRAME_HEADER_LEN]> {
+        self.check_peer(to)?;
+        if msg.len() as u64 > self.max_frame {
+            return Err(Error::FrameTooLarge {
+                peer: to,
+                len: msg.len() as u64,
+                max: self.max_frame,
+            });
+        }
+        Ok(FrameHeader::Data(msg.len() as u32).encode())
+    }
+
+    fn checked_transfer(
         &mut self,
         send: Option<(usize, &[u8])>,
         recv: Option<(usize, Sink<'_>)>,
     ) -> Result<()> {
-        if let Some((to, msg)) = send {
-            self.check_peer(to)?;
-            if msg.len() as u64 > self.max_frame {
-                return Err(Error::FrameTooLarge {
-                    peer: to,
-                    len: msg.len() as u64,
-                    max: self.max_frame,
-                });
-            }
-        }
+        let header = match send {
+            Some((to, msg)) => Some(self.check_send(to, msg)?),
+            None => None,
+        };
         if let Some((from, _)) = &recv {
             self.check_peer(*from)?;
         }
-        let header = send.map(|(_, m)| FrameHeader::Data(m.len() as u32).encode());
+        let out = send
+            .zip(header.as_ref())
+            .map(|((to, body), h)| Out { to, head: h, body });
+        self.drive(out, recv)?;
+        if let Some((_, msg)) = send {
+            self.bytes_sent += msg.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes as much of `out` from byte `sent` on as the socket takes without blocking;
+    /// returns the new count and whether anything moved.
+    fn write_some(&mut self, out: Out<'_>, mut sent: usize) -> Result<(usize, bool)> {
+        let total = out.head.len() + out.body.len();
+        let mut progressed = false;
+        let stream = self.peers[out.to].as_mut().expect("checked peer");
+        while sent < total {
+            let r = if sent < out.head.len() {
+                stream.write_vectored(&[IoSlice::new(&out.head[sent..]), IoSlice::new(out.body)])
+            } else {
+                stream.write(&out.body[sent - out.head.len()..])
+            };
+            match r {
+                Ok(0) => {
+                    return Err(Error::PeerClosed {
+                        peer: out.to,
+                        op: Op::Send,
+                    })
+                }
+                Ok(k) => {
+                    sent += k;
+                    progressed = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(out.to, Op::Send, e)),
+            }
+        }
+        Ok((sent, progressed))
+    }
+
+    /// Drives `out` (if any) and one received frame (if any) to completion.
+    fn drive(&mut self, out: Option<Out<'_>>, recv: Option<(usize, Sink<'_>)>) -> Result<()> {
         let mut sent = 0usize; // bytes of header + payload written
-        let send_total = send.map_or(0, |(_, m)| FRAME_HEADER_LEN + m.len());
+        let send_total = out.map_or(0, |o| o.head.len() + o.body.len());
 
         let mut rhead = [0u8; FRAME_HEADER_LEN];
         let mut rgot = 0usize; // header bytes, then header + payload bytes
@@ -64,39 +139,19 @@ impl Tcp {
             None => (None, None),
         };
         let mut last_progress = Instant::now();
-        self.partial_send = send.map(|(to, _)| to);
+        self.partial_send = out.filter(|_| send_total > 0).map(|o| o.to);
 
         loop {
             let mut progressed = false;
             let mut want_out = false;
             let mut want_in = false;
             // Send side.
-            if let (Some((to, msg)), Some(h)) = (send, header.as_ref()) {
-                while sent < send_total {
-                    let stream = self.peers[to].as_mut().expect("checked peer");
-                    let r = if sent < FRAME_HEADER_LEN {
-                        stream.write_vectored(&[IoSlice::new(&h[sent..]), IoSlice::new(msg)])
-                    } else {
-                        stream.write(&msg[sent - FRAME_HEADER_LEN..])
-                    };
-                    match r {
-                        Ok(0) => {
-                            return Err(Error::PeerClosed {
-                                peer: to,
-                                op: Op::Send,
-                            })
-                        }
-                        Ok(k) => {
-                            sent += k;
-                            progressed = true;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            want_out = true;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(io_error(to, Op::Send, e)),
-                    }
+            if let Some(o) = out {
+                if sent < send_total {
+                    let (now_sent, moved) = self.write_some(o, sent)?;
+                    sent = now_sent;
+                    progressed |= moved;
+                    want_out = sent < send_total;
                 }
             }
             // Receive side.
@@ -166,12 +221,12 @@ impl Tcp {
                 .saturating_sub(now.duration_since(last_progress));
             if left.is_zero() {
                 return Err(
-                    self.stall_error(want_in.then_some(recv_from).flatten(), send.map(|s| s.0))
+                    self.stall_error(want_in.then_some(recv_from).flatten(), out.map(|o| o.to))
                 );
             }
             let mut fds = Vec::with_capacity(2);
             if want_out {
-                let (to, _) = send.expect("sending");
+                let to = out.expect("sending").to;
                 fds.push(libc::pollfd {
                     fd: self.fd(to),
                     events: libc::POLLOUT,
@@ -193,7 +248,7 @@ impl Tcp {
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
-                    let peer = recv_from.or(send.map(|s| s.0)).unwrap_or(self.rank);
+                    let peer = recv_from.or(out.map(|o| o.to)).unwrap_or(self.rank);
                     return Err(Error::Io {
                         peer,
                         op: Op::Recv,
@@ -201,9 +256,6 @@ impl Tcp {
                     });
                 }
             }
-        }
-        if let Some((_, msg)) = send {
-            self.bytes_sent += msg.len() as u64;
         }
         self.partial_send = None;
         Ok(())
@@ -280,6 +332,77 @@ impl Tcp {
                 let _ = s.shutdown(Shutdown::Write);
             }
         }
+    }
+}
+
+/// The pipelined ring step: [`SplitStep::post`] writes the frame as far as the kernel takes it
+/// without blocking and keeps the rest (copied, at most one segment) for
+/// [`SplitStep::complete_into`], which drives that remainder and the receive together, like
+/// [`crate::Transport::send_recv_into`]. Between the two calls the kernel keeps moving both
+/// directions: our frame drains from the send buffer, the peer's arrives in the receive
+/// buffer (the "posted receive"), while the caller reduces the previous segment.
+impl SplitStep for Tcp {
+    fn post(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()> {
+        if self.posted.is_some() {
+            return Err(Error::Misuse {
+                what: "a second step posted before the first was completed",
+            });
+        }
+        let res = self.post_inner(to, msg, from);
+        self.after(res)
+    }
+
+    fn complete_into(&mut self, out: &mut [u8]) -> Result<()> {
+        let Some(p) = self.posted.take() else {
+            return Err(Error::Misuse {
+                what: "complete_into without a posted step",
+            });
+        };
+        let tail = std::mem::take(&mut self.tail);
+        let res = self.drive(
+            Some(Out {
+                to: p.to,
+                head: &[],
+                body: &tail,
+            }),
+            Some((p.from, Sink::Slice(out))),
+        );
+        self.tail = tail;
+        self.tail.clear();
+        if res.is_ok() {
+            self.bytes_sent += p.len as u64;
+        }
+        self.after(res)
+    }
+}
+
+impl Tcp {
+    fn post_inner(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()> {
+        let header = self.check_send(to, msg)?;
+        self.check_peer(from)?;
+        self.partial_send = Some(to);
+        let out = Out {
+            to,
+            head: &header,
+            body: msg,
+        };
+        let (sent, _) = self.write_some(out, 0)?;
+        self.tail.clear();
+        if sent < FRAME_HEADER_LEN {
+            self.tail.extend_from_slice(&header[sent..]);
+            self.tail.extend_from_slice(msg);
+        } else {
+            self.tail.extend_from_slice(&msg[sent - FRAME_HEADER_LEN..]);
+        }
+        if self.tail.is_empty() {
+            self.partial_send = None;
+        }
+        self.posted = Some(Posted {
+            to,
+            from,
+            len: msg.len(),
+        });
+        Ok(())
     }
 }
 
