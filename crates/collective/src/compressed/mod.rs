@@ -21,6 +21,8 @@ mod sparse_wire;
 pub use gather_decode::GatherDecode;
 pub use quantized::{Leg, QuantizedAllReduce};
 pub use sparse::{SparseAllReduce, DENSE_FRACTION};
+#[doc(hidden)]
+pub use sparse_wire::fuzz_decode as fuzz_sparse_wire;
 pub use sparse_wire::HEADER as SPARSE_HEADER_LEN;
 
 /// How a compressed all-reduce combines the ranks' gradients.
