@@ -8,8 +8,8 @@
 //!     --worlds 2,4 --sizes 4K,64K,1M,16M,64M --algos ring --paths lockstep,pipelined
 //! ```
 //! Bus bandwidth = size * 2 (P-1) / P / time (NCCL's convention: comparable across P).
-//! Each cell is the best of `--trials` timed runs of about `--secs` seconds each, and the
-//! paths alternate within each trial so a change of load hits both alike. Every result is
+//! Each cell is the best of `--trials` timed runs of about `--secs` seconds each; the
+//! algorithms and paths alternate within each trial, so a change of load hits all alike. Every result is
 //! checked against the expected sum.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -206,29 +206,37 @@ fn main() {
         let world = World::new(p);
         for &size in &sizes {
             let len = size / 4;
-            for &algo in &algos {
-                // Calibrate: iterations for about `secs` per timed run.
-                let one = world.run(Job {
-                    len,
-                    algo,
-                    pipelined: true,
-                    iters: 1,
-                });
-                let iters = ((secs / one.as_secs_f64().max(1e-6)) as u32).clamp(1, 2000);
-                let mut best = vec![Duration::MAX; paths.len()];
-                for _ in 0..trials {
+            // Calibrate each algorithm: iterations for about `secs` per timed run.
+            let iters: Vec<u32> = algos
+                .iter()
+                .map(|&algo| {
+                    let one = world.run(Job {
+                        len,
+                        algo,
+                        pipelined: true,
+                        iters: 1,
+                    });
+                    ((secs / one.as_secs_f64().max(1e-6)) as u32).clamp(1, 2000)
+                })
+                .collect();
+            // Best of `trials`; algorithms and paths alternate within each trial.
+            let mut best = vec![vec![Duration::MAX; paths.len()]; algos.len()];
+            for _ in 0..trials {
+                for (a, &algo) in algos.iter().enumerate() {
                     for (k, &pipelined) in paths.iter().enumerate() {
                         let t = world.run(Job {
                             len,
                             algo,
                             pipelined,
-                            iters,
-                        }) / iters;
-                        best[k] = best[k].min(t);
+                            iters: iters[a],
+                        }) / iters[a];
+                        best[a][k] = best[a][k].min(t);
                     }
                 }
+            }
+            for (a, &algo) in algos.iter().enumerate() {
                 for (k, &pipelined) in paths.iter().enumerate() {
-                    let t = best[k].as_secs_f64();
+                    let t = best[a][k].as_secs_f64();
                     let bus = size as f64 * 2.0 * (p - 1) as f64 / p as f64 / t / 1e9;
                     println!(
                         "| {p} | {} | {algo} | {} | {:.1} us | {bus:.3} |",

@@ -127,16 +127,25 @@ pub fn resolve_within(host: &str, port: u16, timeout: Duration) -> Result<Socket
     if let Ok(ip) = host.parse::<std::net::IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
     let name = host.to_string();
+    lookup_within(host, timeout, move || {
+        (name.as_str(), port)
+            .to_socket_addrs()
+            .map(|mut a| a.next())
+    })
+}
+
+/// Runs a name lookup on a helper thread and waits for it at most `timeout`.
+fn lookup_within(
+    host: &str,
+    timeout: Duration,
+    lookup: impl FnOnce() -> std::io::Result<Option<SocketAddr>> + Send + 'static,
+) -> Result<SocketAddr> {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("gradwire-resolve".into())
         .spawn(move || {
-            let _ = tx.send(
-                (name.as_str(), port)
-                    .to_socket_addrs()
-                    .map(|mut a| a.next()),
-            );
+            let _ = tx.send(lookup());
         })
         .map_err(|e| Error::Env {
             reason: format!("cannot start a name lookup for {host}: {e}"),
@@ -237,8 +246,14 @@ mod tests {
             resolve_within("[::1]", 9, Duration::ZERO).unwrap(),
             "[::1]:9".parse().unwrap()
         );
-        // A name lookup cannot answer within no time at all: the deadline wins.
-        let e = resolve_within("localhost", 7, Duration::ZERO).unwrap_err();
+        // A resolver that hangs: the deadline wins.
+        let start = std::time::Instant::now();
+        let e = lookup_within("slow.example", Duration::from_millis(50), || {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(None)
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("took longer"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
     }
 }

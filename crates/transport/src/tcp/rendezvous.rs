@@ -441,4 +441,15 @@ mod tests {
         let e = Tcp::connect_rank0(listener, &cfg).err().unwrap();
         assert!(e.to_string().contains("max_frame"), "{e}");
     }
+
+    #[test]
+    fn an_empty_token_off_loopback_is_warned_about() {
+        let log = Capture::default();
+        let far = TcpConfig::new(1, 2, "10.1.2.3:29500".parse().unwrap(), "");
+        let near = TcpConfig::new(1, 2, "127.0.0.1:29500".parse().unwrap(), "");
+        tracing::subscriber::with_default(log.clone(), || check_cfg(&near)).unwrap();
+        assert!(!log.logged("token is empty"));
+        tracing::subscriber::with_default(log.clone(), || check_cfg(&far)).unwrap();
+        assert!(log.logged("token is empty"), "{:?}", log.0.lock().unwrap());
+    }
 }
