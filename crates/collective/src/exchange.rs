@@ -42,7 +42,9 @@ fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
 /// posted (its segment handed to the kernel, the peer's next segment free to arrive) before
 /// step `i` is reduced, so the wire never waits for the adder. A step that sends what the
 /// previous one reduces (a one-segment ring, a new round of a doubling schedule) is posted
-/// after that reduction instead. Otherwise each step is one `send_recv_into`.
+/// after that reduction instead. Either way `buf[send]` of a posted step is unchanged until
+/// `complete_into` gets it again (the TCP transport sends the rest from it, without a
+/// copy). Without a split step, each step is one `send_recv_into`.
 pub(crate) fn reduce_steps<T: Transport + ?Sized, E: Element>(
     t: &mut T,
     buf: &mut [E],
@@ -67,7 +69,7 @@ pub(crate) fn reduce_steps<T: Transport + ?Sized, E: Element>(
     ss.post(cur.to, bytes(&buf[cur.send.clone()]), cur.from)?;
     for i in 0..n {
         let tmp = scratch.elems::<E>(cur.recv.len());
-        ss.complete_into(bytes_mut(tmp))?;
+        ss.complete_into(bytes(&buf[cur.send.clone()]), bytes_mut(tmp))?;
         let next = (i + 1 < n).then(|| step(i + 1));
         let early = next
             .as_ref()

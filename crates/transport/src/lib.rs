@@ -96,19 +96,19 @@ pub trait Transport: Send {
 /// ring posts segment `i + 1` before it reduces segment `i`, and the wire never waits for
 /// the adder.
 ///
-/// `post(to, msg, from)` then `complete_into(out)` has the effect of
-/// `send_recv_into(to, msg, from, out)`. At most one step is in flight: any other call on
+/// `post(to, msg, from)` then `complete_into(msg, out)` has the effect of
+/// `send_recv_into(to, msg, from, out)`; `complete_into` must be given the same bytes again
+/// (unchanged in between), so the transport sends the rest of them without keeping a copy. At most one step is in flight: any other call on
 /// the transport before `complete_into` is a bug (the TCP transport answers it with
 /// [`Error::Misuse`]). `post` may return
-/// before `msg` is sent (the transport keeps what it still needs), and never blocks on the
-/// peer; errors of either half may surface at either call.
+/// before `msg` is sent, and never blocks on the peer; errors of either half may surface at either call.
 pub trait SplitStep {
     /// Starts sending `msg` to `to`, and expects the next message from `from`.
     fn post(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()>;
 
-    /// Finishes the posted step: completes the send, and receives the message from `from`
-    /// into `out`, which must be its exact length.
-    fn complete_into(&mut self, out: &mut [u8]) -> Result<()>;
+    /// Finishes the posted step: completes the send of `msg` (the bytes given to `post`), and
+    /// receives the message from `from` into `out`, which must be its exact length.
+    fn complete_into(&mut self, msg: &[u8], out: &mut [u8]) -> Result<()>;
 }
 
 /// Copies a received message into an exact-size buffer, or reports the mismatch.

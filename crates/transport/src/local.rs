@@ -177,7 +177,7 @@ impl SplitStep for Local {
         Ok(())
     }
 
-    fn complete_into(&mut self, out: &mut [u8]) -> Result<()> {
+    fn complete_into(&mut self, _msg: &[u8], out: &mut [u8]) -> Result<()> {
         let from = self.posted_from.take().ok_or(Error::Misuse {
             what: "complete_into without a posted step",
         })?;

@@ -104,8 +104,6 @@ pub struct Tcp {
     partial_send: Option<usize>,
     /// The ring step in flight between [`SplitStep::post`] and [`SplitStep::complete_into`].
     posted: Option<duplex::Posted>,
-    /// The part of the posted frame the kernel has not taken yet.
-    tail: Vec<u8>,
 }
 
 impl Tcp {
@@ -149,7 +147,6 @@ impl Tcp {
             aborted: false,
             partial_send: None,
             posted: None,
-            tail: Vec::new(),
         })
     }
 
@@ -410,9 +407,13 @@ mod tests {
                     let e = ss.post(to, &msg, from).unwrap_err();
                     assert!(matches!(e, Error::Misuse { .. }), "{e}");
                 }
-                ss.complete_into(out).unwrap();
+                ss.complete_into(&msg, out).unwrap();
             }
-            let e = t.split_step().unwrap().complete_into(&mut []).unwrap_err();
+            let e = t
+                .split_step()
+                .unwrap()
+                .complete_into(&[], &mut [])
+                .unwrap_err();
             assert!(matches!(e, Error::Misuse { .. }), "{e}");
             (
                 outs.iter().map(|o| o[0]).collect::<Vec<_>>(),

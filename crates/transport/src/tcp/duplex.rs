@@ -27,12 +27,14 @@ struct Out<'a> {
     body: &'a [u8],
 }
 
-/// A ring step posted with [`SplitStep::post`]: its frame is (partly) written, and what the
-/// kernel did not take yet waits in [`Tcp`]'s `tail`.
+/// A ring step posted with [`SplitStep::post`]: its frame is written up to `sent` bytes
+/// (header included); the rest is written from the caller's bytes at completion, no copy.
 pub(super) struct Posted {
     to: usize,
     from: usize,
+    header: [u8; FRAME_HEADER_LEN],
     len: usize,
+    sent: usize,
 }
 
 impl Tcp {
@@ -336,8 +338,8 @@ impl Tcp {
 }
 
 /// The pipelined ring step: [`SplitStep::post`] writes the frame as far as the kernel takes it
-/// without blocking and keeps the rest (copied, at most one segment) for
-/// [`SplitStep::complete_into`], which drives that remainder and the receive together, like
+/// without blocking and notes how far it got; [`SplitStep::complete_into`] writes the rest
+/// from the same bytes (no copy) while it receives, like
 /// [`crate::Transport::send_recv_into`]. Between the two calls the kernel keeps moving both
 /// directions: our frame drains from the send buffer, the peer's arrives in the receive
 /// buffer (the "posted receive"), while the caller reduces the previous segment.
@@ -352,23 +354,31 @@ impl SplitStep for Tcp {
         self.after(res)
     }
 
-    fn complete_into(&mut self, out: &mut [u8]) -> Result<()> {
+    fn complete_into(&mut self, msg: &[u8], out: &mut [u8]) -> Result<()> {
         let Some(p) = self.posted.take() else {
             return Err(Error::Misuse {
                 what: "complete_into without a posted step",
             });
         };
-        let tail = std::mem::take(&mut self.tail);
-        let res = self.drive(
-            Some(Out {
+        if msg.len() != p.len {
+            return Err(Error::Misuse {
+                what: "complete_into was given other bytes than the posted step",
+            });
+        }
+        let rest = if p.sent < FRAME_HEADER_LEN {
+            Out {
+                to: p.to,
+                head: &p.header[p.sent..],
+                body: msg,
+            }
+        } else {
+            Out {
                 to: p.to,
                 head: &[],
-                body: &tail,
-            }),
-            Some((p.from, Sink::Slice(out))),
-        );
-        self.tail = tail;
-        self.tail.clear();
+                body: &msg[p.sent - FRAME_HEADER_LEN..],
+            }
+        };
+        let res = self.drive(Some(rest), Some((p.from, Sink::Slice(out))));
         if res.is_ok() {
             self.bytes_sent += p.len as u64;
         }
@@ -387,20 +397,15 @@ impl Tcp {
             body: msg,
         };
         let (sent, _) = self.write_some(out, 0)?;
-        self.tail.clear();
-        if sent < FRAME_HEADER_LEN {
-            self.tail.extend_from_slice(&header[sent..]);
-            self.tail.extend_from_slice(msg);
-        } else {
-            self.tail.extend_from_slice(&msg[sent - FRAME_HEADER_LEN..]);
-        }
-        if self.tail.is_empty() {
+        if sent == FRAME_HEADER_LEN + msg.len() {
             self.partial_send = None;
         }
         self.posted = Some(Posted {
             to,
             from,
+            header,
             len: msg.len(),
+            sent,
         });
         Ok(())
     }
