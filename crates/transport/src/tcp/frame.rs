@@ -7,7 +7,7 @@
 //! 0..4  magic  u32 = 0x3146_5747 ("GWF1") for a message, 0x3141_5747 ("GWA1") for an abort
 //! 4..8  len    u32 payload bytes that follow (for an abort: the rank that failed; no payload)
 //! ```
-//! Handshake (see [`super::handshake`] for the proofs). The token never crosses the wire:
+//! Handshake (the proofs are described in the `tcp::handshake` module source). The token never crosses the wire:
 //! each side proves it knows it with an HMAC-SHA256 over the whole exchange so far.
 //! ```text
 //! hello, connecting side -> accepting side (31 bytes)
