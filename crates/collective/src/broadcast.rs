@@ -120,25 +120,41 @@ pub fn scatter_all_gather<T: Transport + ?Sized, E: Element>(
     ring::all_gather_by(t, buf, root, nseg, |i| chunks::range(len, world, i))
 }
 
-/// Broadcasts a byte buffer of any length from `root` (others learn the length): a length
-/// prefix, then the bytes in segments, down a binomial tree.
+/// Longest payload [`broadcast_bytes`] accepts by default from a peer's length prefix
+/// (1 GiB): a corrupt or hostile prefix must not make every rank allocate without bound.
+pub const DEFAULT_MAX_BROADCAST_BYTES: usize = 1 << 30;
+
+/// Broadcasts a byte buffer of any length up to `max_len` from `root` (others learn the
+/// length): a length prefix, then the bytes in segments, down a binomial tree. A longer
+/// buffer at the root, or a longer announced length at another rank, is an error before
+/// anything is allocated or sent.
 pub fn broadcast_bytes<T: Transport + ?Sized>(
     t: &mut T,
     buf: &mut Vec<u8>,
     root: usize,
     seg_bytes: usize,
+    max_len: usize,
 ) -> Result<()> {
     let world = t.world_size();
     check_root(root, world)?;
     let (parent, children) = binomial_tree(t.rank(), world, root);
+    if parent.is_none() && buf.len() > max_len {
+        return Err(Error::BadOutputLength {
+            expected: max_len,
+            got: buf.len(),
+        });
+    }
     let mut len_msg = (buf.len() as u64).to_le_bytes();
     if let Some(p) = parent {
         t.recv_into(p, &mut len_msg)?;
         let len = u64::from_le_bytes(len_msg);
-        let len = usize::try_from(len).map_err(|_| Error::Malformed {
-            peer: p,
-            what: "broadcast length exceeds the address space",
-        })?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= max_len)
+            .ok_or(Error::Malformed {
+                peer: p,
+                what: "broadcast length exceeds the limit",
+            })?;
         buf.clear();
         buf.resize(len, 0);
     }
@@ -183,5 +199,20 @@ mod tests {
                 assert_eq!(count, world);
             }
         }
+    }
+
+    #[test]
+    fn broadcast_bytes_refuses_an_announced_length_over_the_limit() {
+        use gradwire_transport::local::Local;
+        let mut w = Local::world(2);
+        let mut b = w.pop().unwrap();
+        let mut a = w.pop().unwrap();
+        a.send(1, &(1u64 << 40).to_le_bytes()).unwrap();
+        let mut buf = Vec::new();
+        let e = broadcast_bytes(&mut b, &mut buf, 0, 1024, 1 << 20).unwrap_err();
+        assert!(matches!(e, Error::Malformed { peer: 0, .. }), "{e}");
+        assert!(buf.capacity() < 1 << 20, "nothing allocated for the claim");
+        let mut big = vec![0u8; 11];
+        assert!(broadcast_bytes(&mut a, &mut big, 0, 1024, 10).is_err());
     }
 }

@@ -4,6 +4,8 @@
 //! `nseg` (callers derive it from numbers both sides know), and split their slices with
 //! [`chunks::range`], so segment `j` of the sender matches segment `j` of the receiver.
 
+use std::ops::Range;
+
 use gradwire_transport::Transport;
 
 use crate::element::{bytes, bytes_mut};
@@ -20,23 +22,68 @@ pub(crate) fn pair_segments(send_len: usize, recv_len: usize, seg: usize) -> usi
     chunks::segments(send_len.max(recv_len), seg)
 }
 
-/// Sends `send` to `peer` while receiving `acc.len()` elements from it and reducing them
-/// into `acc` with `op`, in `nseg` segments (full duplex each).
-pub(crate) fn send_recv_reduce<T: Transport + ?Sized, E: Element>(
+/// One step of a reducing schedule over one buffer: send `buf[send]` to `to` while
+/// receiving `recv.len()` elements from `from`, then reduce them into `buf[recv]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step {
+    pub to: usize,
+    pub from: usize,
+    pub send: Range<usize>,
+    pub recv: Range<usize>,
+}
+
+fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// Runs the `n` steps `step(0..n)` in order.
+///
+/// Pipelined when the transport splits a step ([`Transport::split_step`]): step `i + 1` is
+/// posted (its segment handed to the kernel, the peer's next segment free to arrive) before
+/// step `i` is reduced, so the wire never waits for the adder. A step that sends what the
+/// previous one reduces (a one-segment ring, a new round of a doubling schedule) is posted
+/// after that reduction instead. Either way `buf[send]` of a posted step is unchanged until
+/// `complete_into` gets it again (the TCP transport sends the rest from it, without a
+/// copy). Without a split step, each step is one `send_recv_into`.
+pub(crate) fn reduce_steps<T: Transport + ?Sized, E: Element>(
     t: &mut T,
-    peer: usize,
-    send: &[E],
-    acc: &mut [E],
+    buf: &mut [E],
     op: ReduceOp,
-    nseg: usize,
+    n: usize,
     scratch: &mut Scratch,
+    step: impl Fn(usize) -> Step,
 ) -> Result<()> {
-    for j in 0..nseg {
-        let s = chunks::range(send.len(), nseg, j);
-        let r = chunks::range(acc.len(), nseg, j);
-        let tmp = scratch.elems::<E>(r.len());
-        t.send_recv_into(peer, bytes(&send[s]), peer, bytes_mut(tmp))?;
-        E::reduce(op, &mut acc[r], tmp);
+    let Some(ss) = t.split_step() else {
+        for i in 0..n {
+            let st = step(i);
+            let tmp = scratch.elems::<E>(st.recv.len());
+            t.send_recv_into(st.to, bytes(&buf[st.send]), st.from, bytes_mut(tmp))?;
+            E::reduce(op, &mut buf[st.recv], tmp);
+        }
+        return Ok(());
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let mut cur = step(0);
+    ss.post(cur.to, bytes(&buf[cur.send.clone()]), cur.from)?;
+    for i in 0..n {
+        let tmp = scratch.elems::<E>(cur.recv.len());
+        ss.complete_into(bytes(&buf[cur.send.clone()]), bytes_mut(tmp))?;
+        let next = (i + 1 < n).then(|| step(i + 1));
+        let early = next
+            .as_ref()
+            .is_some_and(|nx| !overlaps(&nx.send, &cur.recv));
+        if let (true, Some(nx)) = (early, &next) {
+            ss.post(nx.to, bytes(&buf[nx.send.clone()]), nx.from)?;
+        }
+        E::reduce(op, &mut buf[cur.recv.clone()], tmp);
+        if let Some(nx) = next {
+            if !early {
+                ss.post(nx.to, bytes(&buf[nx.send.clone()]), nx.from)?;
+            }
+            cur = nx;
+        }
     }
     Ok(())
 }

@@ -179,7 +179,13 @@ pub trait Collectives: Transport {
 
     /// Broadcasts a byte buffer of any length from `root` (`buf` is resized on the others).
     fn broadcast_bytes(&mut self, buf: &mut Vec<u8>, root: usize) -> Result<()> {
-        broadcast::broadcast_bytes(self, buf, root, select::segment_bytes())
+        broadcast::broadcast_bytes(
+            self,
+            buf,
+            root,
+            select::segment_bytes(),
+            broadcast::DEFAULT_MAX_BROADCAST_BYTES,
+        )
     }
 
     /// Returns once every rank has entered the barrier.

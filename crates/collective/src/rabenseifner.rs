@@ -13,8 +13,8 @@ use std::ops::Range;
 use gradwire_transport::Transport;
 
 use crate::exchange::{
-    pair_segments, recv_reduce, recv_segs, seg_elems, send_recv_copy, send_recv_reduce, send_segs,
-    split_pair,
+    pair_segments, recv_reduce, recv_segs, reduce_steps, seg_elems, send_recv_copy, send_segs,
+    split_pair, Step,
 };
 use crate::fold::{Fold, Role};
 use crate::scratch::Scratch;
@@ -117,8 +117,16 @@ fn halving<T: Transport + ?Sized, E: Element>(
         let kr = chunks::span(len, p2, keep.0, keep.1);
         let gr = chunks::span(len, p2, give.0, give.1);
         let nseg = pair_segments(gr.len(), kr.len(), seg);
-        let (send, acc) = split_pair(buf, gr, kr);
-        send_recv_reduce(t, partner, send, acc, op, nseg, scratch)?;
+        reduce_steps(t, buf, op, nseg, scratch, |j| {
+            let s = chunks::range(gr.len(), nseg, j);
+            let r = chunks::range(kr.len(), nseg, j);
+            Step {
+                to: partner,
+                from: partner,
+                send: gr.start + s.start..gr.start + s.end,
+                recv: kr.start + r.start..kr.start + r.end,
+            }
+        })?;
         (lo, hi) = keep;
         mask /= 2;
     }

@@ -6,7 +6,7 @@
 
 use gradwire_transport::Transport;
 
-use crate::exchange::{recv_reduce, recv_segs, seg_elems, send_segs};
+use crate::exchange::{recv_reduce, recv_segs, reduce_steps, seg_elems, send_segs, Step};
 use crate::fold::{doubling_partners, Fold, Role};
 use crate::scratch::Scratch;
 use crate::{chunks, element, Element, ReduceOp, Result};
@@ -51,19 +51,17 @@ fn core<T: Transport + ?Sized, E: Element>(
     scratch: &mut Scratch,
 ) -> Result<()> {
     let len = buf.len();
-    for pv in doubling_partners(vrank, fold.p2) {
-        let partner = fold.real(pv);
-        for j in 0..nseg {
-            let r = chunks::range(len, nseg, j);
-            let tmp = scratch.elems::<E>(r.len());
-            t.send_recv_into(
-                partner,
-                element::bytes(&buf[r.clone()]),
-                partner,
-                element::bytes_mut(tmp),
-            )?;
-            E::reduce(op, &mut buf[r], tmp);
+    let partners: Vec<usize> = doubling_partners(vrank, fold.p2)
+        .map(|pv| fold.real(pv))
+        .collect();
+    reduce_steps(t, buf, op, partners.len() * nseg, scratch, |i| {
+        let partner = partners[i / nseg];
+        let r = chunks::range(len, nseg, i % nseg);
+        Step {
+            to: partner,
+            from: partner,
+            send: r.clone(),
+            recv: r,
         }
-    }
-    Ok(())
+    })
 }

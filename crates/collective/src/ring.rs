@@ -21,16 +21,29 @@
 //! after P-1 more steps every rank holds Σ0 Σ1 Σ2 Σ3.
 //! ```
 //!
-//! Pipelining: each step's chunk travels in `nseg` segments, one `send_recv` each, and the
-//! (step, segment) pairs run in order. Segment `j` of step `s+1` only needs segment `j` of
-//! step `s` reduced, so the next segment is already on the wire (in the peer's socket
-//! buffers) while this rank reduces the current one; the scratch buffer is one segment.
+//! Pipelining: each step's chunk travels in `nseg` segments (at least two once a chunk
+//! reaches [`PIPELINE_MIN_CHUNK_BYTES`]), and the (step, segment) pairs run in order.
+//! Segment `j` of step `s+1` only needs segment `j` of step `s` reduced, so on a transport
+//! that splits a step ([`Transport::split_step`]: TCP, local) the reduce-scatter posts the
+//! next segment before it reduces the current one (`exchange::reduce_steps`): the kernel
+//! moves both directions while the adder works, and the wire never waits for it. The
+//! all-gather has nothing to reduce and receives straight into the buffer, one
+//! `send_recv_into` per segment. The scratch buffer is one segment.
+//!
+//! Measured (`examples/tcp_busbw.rs`, TCP loopback on a shared 2-core VM, load average 5-6,
+//! best of 7, paths interleaved), bus GB/s lockstep → pipelined: P = 2: 4K 0.21 → 0.21,
+//! 64K 1.97 → 1.94, 1M 1.49 → 1.50, 16M 0.63 → 0.62, 64M 0.45 → 0.45; P = 4: 4K 0.062 →
+//! 0.056, 64K 0.61 → 0.56, 1M 0.83 → 0.76, 16M 0.35 → 0.34, 64M 0.21 → 0.22. Parity within
+//! the noise: on loopback the kernel's copies run on the same two cores as the adders, so
+//! there is no idle wire to fill; the gain needs a NIC (DMA) or spare cores. (A first
+//! version that copied the unsent tail at `post` lost 15-25% at P = 2; completion now
+//! resends from the caller's bytes.)
 
 use std::ops::Range;
 
 use gradwire_transport::Transport;
 
-use crate::exchange::{seg_elems, split_pair};
+use crate::exchange::{reduce_steps, seg_elems, split_pair, Step};
 use crate::scratch::Scratch;
 use crate::{chunks, element, Element, ReduceOp, Result};
 
@@ -67,6 +80,22 @@ fn ring_segments(len: usize, world: usize, seg: usize) -> usize {
     chunks::segments(len.div_ceil(world), seg)
 }
 
+/// Chunks of at least this many bytes travel in at least two segments in the ring's
+/// reduce-scatter, so the pipeline always has a next segment to post while one is reduced.
+pub const PIPELINE_MIN_CHUNK_BYTES: usize = 64 << 10;
+
+/// Segments per reduce-scatter step: as [`ring_segments`], but at least two for chunks of
+/// [`PIPELINE_MIN_CHUNK_BYTES`] or more.
+fn reduce_scatter_segments<E: Element>(len: usize, world: usize, seg_bytes: usize) -> usize {
+    let n = ring_segments(len, world, seg_elems::<E>(seg_bytes));
+    let chunk_bytes = len.div_ceil(world) * std::mem::size_of::<E>();
+    if n == 1 && chunk_bytes >= PIPELINE_MIN_CHUNK_BYTES {
+        2
+    } else {
+        n
+    }
+}
+
 /// Ring reduce-scatter of `buf` in place: returns the range of `buf` (chunk `rank`) that now
 /// holds the reduction over all ranks (for `Mean`, already divided).
 pub fn reduce_scatter<T: Transport + ?Sized, E: Element>(
@@ -94,23 +123,22 @@ pub(crate) fn reduce_scatter_raw<T: Transport + ?Sized, E: Element>(
         return Ok(());
     }
     let len = buf.len();
-    let nseg = ring_segments(len, world, seg_elems::<E>(seg_bytes));
+    let nseg = reduce_scatter_segments::<E>(len, world, seg_bytes);
     let (to, from) = (right(rank, world), left(rank, world));
     let mut scratch = Scratch::take();
-    for step in 0..world - 1 {
+    reduce_steps(t, buf, op, (world - 1) * nseg, &mut scratch, |i| {
+        let (step, j) = (i / nseg, i % nseg);
         let (sc, rc) = reduce_scatter_step(rank, world, step);
         let (sr, rr) = (chunks::range(len, world, sc), chunks::range(len, world, rc));
-        for j in 0..nseg {
-            let s = chunks::range(sr.len(), nseg, j);
-            let r = chunks::range(rr.len(), nseg, j);
-            let s = sr.start + s.start..sr.start + s.end;
-            let r = rr.start + r.start..rr.start + r.end;
-            let tmp = scratch.elems::<E>(r.len());
-            t.send_recv_into(to, element::bytes(&buf[s]), from, element::bytes_mut(tmp))?;
-            E::reduce(op, &mut buf[r], tmp);
+        let s = chunks::range(sr.len(), nseg, j);
+        let r = chunks::range(rr.len(), nseg, j);
+        Step {
+            to,
+            from,
+            send: sr.start + s.start..sr.start + s.end,
+            recv: rr.start + r.start..rr.start + r.end,
         }
-    }
-    Ok(())
+    })
 }
 
 /// Ring all-gather in place: rank `r` contributes chunk `r` of `buf`; afterwards every

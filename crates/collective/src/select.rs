@@ -5,18 +5,57 @@
 //! reduce-scatter + doubling all-gather: `2 log2 P` steps, bandwidth-optimal volume). Large
 //! ones go to the ring (`2 (P-1)` steps, bandwidth-optimal, segmented and pipelined).
 //!
-//! The constants are initial guesses, to be tuned from TCP measurements. Every rank must make
-//! the same choice: it depends only on the byte count, the world size and `GRADWIRE_ALGO`,
-//! which the launcher gives every rank alike.
+//! Every rank must make the same choice: it depends only on the byte count, the world size
+//! and `GRADWIRE_ALGO`, which the launcher gives every rank alike.
+//!
+//! ## Measurements (2026-12-01)
+//! `cargo run --release -p gradwire-collective --example tcp_busbw -- --worlds 2,3,4,8
+//! --sizes 4K,16K,64K,256K,1M,4M --algos rd,rabenseifner,ring --paths pipelined`: TCP
+//! loopback, one thread per rank, f32 sum, pipelined data path. Bus bandwidth in GB/s
+//! (`size · 2(P-1)/P / time`). Three runs: 1 (best of 3 per cell), 2 (best of 5, the
+//! algorithms interleaved), 3 (best of 9, interleaved, 64K-1M at P <= 4 only). Values are
+//! run 2, then run 3 where there is one; the last column counts the runs that agree. Caveat: a 2-core VM shared with other builds (load average 13-14),
+//! so every rank competes for the CPU with everything else: single runs vary by up to 2x,
+//! and only choices that held in at least two of the three runs moved a threshold.
+//!
+//! ```text
+//!  P  size   rd         rabenseifner  ring       best (runs agreeing)
+//!  2  4K     0.26       0.14          0.14       rd (2/2)
+//!  2  16K    0.81       0.50          0.49       rd (2/2)
+//!  2  64K    1.25 1.89  1.73 1.00     1.52 1.04  rd (2/3)
+//!  2  256K   0.77 0.91  0.84 0.89     0.61 0.77  rd ~ rabenseifner
+//!  2  1M     0.51 0.63  0.63 0.60     0.58 0.65  tie
+//!  3  4K     0.09       0.06          0.03       rd (2/2)
+//!  3  64K    0.80 0.95  0.56 0.36     0.48 0.25  rd (2/3)
+//!  3  256K   1.72 1.04  1.36 0.66     1.46 0.74  rd (2/3), ring close
+//!  3  1M     0.94 0.84  0.61 0.95     0.40 1.04  mixed
+//!  3  4M     0.19       0.16          0.29       ring ~ rabenseifner (run 1: .18/.23/.22)
+//!  4  4K     0.14       0.08          0.06       rd (2/2)
+//!  4  64K    0.62 0.51  0.81 0.40     0.53 0.22  rd (2/3)
+//!  4  256K   0.72 0.65  0.49 0.90     0.50 0.90  rabenseifner ~ ring (2/3)
+//!  4  1M     0.32 0.59  0.29 0.88     0.71 0.95  ring (3/3)
+//!  4  4M     0.37       0.55          0.60       ring ~ rabenseifner
+//!  8  4K     0.04       0.02          0.01       rd (2/2)
+//!  8  64K    0.26       0.28          0.20       rd ~ rabenseifner (2/2)
+//!  8  256K   0.26       0.38          0.44       ring, rabenseifner close (2/2)
+//!  8  1M     0.22       0.41          0.40       rabenseifner ~ ring (2/2)
+//!  8  4M     0.14       0.32          0.13       mixed (run 1: .15/.20/.26)
+//! ```
+//! Hence recursive doubling below 128 KiB (was 64 KiB: it won at 64 KiB for P = 2, 3, 4 and
+//! tied at 8), Rabenseifner up to 512 KiB on power-of-two worlds (was 1 MiB: the ring won at
+//! 1 MiB for P = 4 in every run and tied at 8), the ring above. On two ranks recursive
+//! doubling (one exchange) keeps everything below [`MEDIUM_BYTES`]. These numbers are
+//! CPU-bound (loopback moves bytes with the same cores that add them); re-measure on a real
+//! network, where the bandwidth-optimal algorithms should win earlier.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-/// Below this many bytes, all-reduce uses recursive doubling.
-pub const SMALL_BYTES: usize = 64 << 10;
+/// Below this many bytes, all-reduce uses recursive doubling (measured: see the module doc).
+pub const SMALL_BYTES: usize = 128 << 10;
 /// Up to this many bytes (on power-of-two worlds), all-reduce uses Rabenseifner.
-pub const MEDIUM_BYTES: usize = 1 << 20;
+pub const MEDIUM_BYTES: usize = 512 << 10;
 /// Broadcasts below this many bytes (or on worlds of 2 ranks) use a binomial tree; larger
 /// ones scatter and ring all-gather (van de Geijn).
 pub const BCAST_TREE_BYTES: usize = 256 << 10;

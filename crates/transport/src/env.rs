@@ -81,19 +81,22 @@ pub fn tcp_config_from(
             reason: format!("master port {p} is not a port number"),
         })?,
     };
-    let master = resolve(&host, port)?;
+    let timeout = match get("GRADWIRE_TIMEOUT") {
+        None => DEFAULT_TIMEOUT,
+        Some(t) => parse_seconds(&t).ok_or_else(|| Error::Env {
+            reason: format!("GRADWIRE_TIMEOUT={t} is not a positive number of seconds"),
+        })?,
+    };
+    // The lookup gets the rendezvous deadline: a resolver that hangs fails like a master
+    // that does not answer.
+    let master = resolve_within(&host, port, timeout)?;
     let mut cfg = TcpConfig::new(
         rank,
         world_size,
         master,
         get("GRADWIRE_TOKEN").unwrap_or_default(),
     );
-    cfg.timeout = match get("GRADWIRE_TIMEOUT") {
-        None => DEFAULT_TIMEOUT,
-        Some(t) => parse_seconds(&t).ok_or_else(|| Error::Env {
-            reason: format!("GRADWIRE_TIMEOUT={t} is not a positive number of seconds"),
-        })?,
-    };
+    cfg.timeout = timeout;
     if let Some(b) = get("GRADWIRE_SOCKET_BUFFER") {
         cfg.socket_buffer = Some(b.trim().parse().map_err(|_| Error::Env {
             reason: format!("GRADWIRE_SOCKET_BUFFER={b} is not a byte count"),
@@ -108,18 +111,57 @@ pub fn parse_seconds(s: &str) -> Option<Duration> {
     (x.is_finite() && x > 0.0).then(|| Duration::from_secs_f64(x))
 }
 
-/// Resolves `host:port` to one socket address.
+/// Default deadline of a name lookup.
+pub const DEFAULT_RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Resolves `host:port` to one socket address, within [`DEFAULT_RESOLVE_TIMEOUT`].
 pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
+    resolve_within(host, port, DEFAULT_RESOLVE_TIMEOUT)
+}
+
+/// Resolves `host:port` to one socket address, failing after `timeout`. The system resolver
+/// cannot be cancelled, so the lookup runs on a helper thread that is left to finish on its
+/// own when the deadline passes.
+pub fn resolve_within(host: &str, port: u16, timeout: Duration) -> Result<SocketAddr> {
     let host = host.trim().trim_start_matches('[').trim_end_matches(']');
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Error::Env {
-            reason: format!("cannot resolve master address {host}: {e}"),
-        })?
-        .next()
-        .ok_or_else(|| Error::Env {
-            reason: format!("master address {host} resolves to nothing"),
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let name = host.to_string();
+    lookup_within(host, timeout, move || {
+        (name.as_str(), port)
+            .to_socket_addrs()
+            .map(|mut a| a.next())
+    })
+}
+
+/// Runs a name lookup on a helper thread and waits for it at most `timeout`.
+fn lookup_within(
+    host: &str,
+    timeout: Duration,
+    lookup: impl FnOnce() -> std::io::Result<Option<SocketAddr>> + Send + 'static,
+) -> Result<SocketAddr> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("gradwire-resolve".into())
+        .spawn(move || {
+            let _ = tx.send(lookup());
         })
+        .map_err(|e| Error::Env {
+            reason: format!("cannot start a name lookup for {host}: {e}"),
+        })?;
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(Some(a))) => Ok(a),
+        Ok(Ok(None)) => Err(Error::Env {
+            reason: format!("master address {host} resolves to nothing"),
+        }),
+        Ok(Err(e)) => Err(Error::Env {
+            reason: format!("cannot resolve master address {host}: {e}"),
+        }),
+        Err(_) => Err(Error::Env {
+            reason: format!("resolving master address {host} took longer than {timeout:?}"),
+        }),
+    }
 }
 
 /// How many ranks of the job run on this host, as the launcher tells it:
@@ -233,5 +275,24 @@ mod tests {
             ("GRADWIRE_TIMEOUT", "-1")
         ])
         .is_err());
+    }
+
+    #[test]
+    fn resolution_has_a_deadline() {
+        let lo = resolve_within("localhost", 7, Duration::from_secs(10)).unwrap();
+        assert!(lo.ip().is_loopback() && lo.port() == 7, "{lo}");
+        assert_eq!(
+            resolve_within("[::1]", 9, Duration::ZERO).unwrap(),
+            "[::1]:9".parse().unwrap()
+        );
+        // A resolver that hangs: the deadline wins.
+        let start = std::time::Instant::now();
+        let e = lookup_within("slow.example", Duration::from_millis(50), || {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(None)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("took longer"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
     }
 }

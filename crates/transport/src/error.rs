@@ -122,6 +122,13 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A call out of order, such as a second [`crate::SplitStep::post`] before the first
+    /// step was completed (a bug in the caller).
+    #[error("transport used out of order: {what}")]
+    Misuse {
+        /// What was out of order.
+        what: &'static str,
+    },
     /// The environment did not describe a valid rank.
     #[error("environment: {reason}")]
     Env {
@@ -143,7 +150,10 @@ impl Error {
             | Error::PeerFailed { peer, .. }
             | Error::PeerDied { peer, .. }
             | Error::BadRing { peer, .. } => Some(*peer),
-            Error::InvalidRank { .. } | Error::Rendezvous { .. } | Error::Env { .. } => None,
+            Error::InvalidRank { .. }
+            | Error::Rendezvous { .. }
+            | Error::Misuse { .. }
+            | Error::Env { .. } => None,
         }
     }
 }

@@ -88,6 +88,31 @@ pub trait Transport: Send {
 
     /// Total payload bytes this rank has sent so far (frame headers excluded).
     fn bytes_sent(&self) -> u64;
+
+    /// The split form of [`Transport::send_recv_into`], if this transport has one (see
+    /// [`SplitStep`]); `None`, the default, makes callers use `send_recv_into`.
+    fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
+        None
+    }
+}
+
+/// A ring step split in two, so the caller can work while it is in flight: the pipelined
+/// ring posts segment `i + 1` before it reduces segment `i`, and the wire never waits for
+/// the adder.
+///
+/// `post(to, msg, from)` then `complete_into(msg, out)` has the effect of
+/// `send_recv_into(to, msg, from, out)`; `complete_into` must be given the same bytes again
+/// (unchanged in between), so the transport sends the rest of them without keeping a copy. At most one step is in flight: any other call on
+/// the transport before `complete_into` is a bug (the TCP transport answers it with
+/// [`Error::Misuse`]). `post` may return
+/// before `msg` is sent, and never blocks on the peer; errors of either half may surface at either call.
+pub trait SplitStep {
+    /// Starts sending `msg` to `to`, and expects the next message from `from`.
+    fn post(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()>;
+
+    /// Finishes the posted step: completes the send of `msg` (the bytes given to `post`), and
+    /// receives the message from `from` into `out`, which must be its exact length.
+    fn complete_into(&mut self, msg: &[u8], out: &mut [u8]) -> Result<()>;
 }
 
 /// Copies a received message into an exact-size buffer, or reports the mismatch.
@@ -133,6 +158,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn bytes_sent(&self) -> u64 {
         (**self).bytes_sent()
+    }
+    fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
+        (**self).split_step()
     }
 }
 

@@ -31,6 +31,8 @@ pub use gather_decode::GatherDecode;
 pub use powersgd::{initial_q, orthogonalize, PowerSgdAllReduce, PowerSgdTensor};
 pub use quantized::{Leg, QuantizedAllReduce};
 pub use sparse::{SparseAllReduce, DENSE_FRACTION};
+#[doc(hidden)]
+pub use sparse_wire::fuzz_decode as fuzz_sparse_wire;
 pub use sparse_wire::HEADER as SPARSE_HEADER_LEN;
 pub use stripe::{OwnContribution, StripeAllReduce, StripePlan};
 

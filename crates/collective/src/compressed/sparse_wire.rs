@@ -120,6 +120,34 @@ pub(crate) fn decode(
     }
 }
 
+/// Fuzzing entry point (not part of the API): decodes `msg` for a tensor of `len` elements
+/// and checks that what the decoder accepts is canonical: it re-encodes to the same bytes,
+/// and a sparse message merges with itself into the same index set.
+#[doc(hidden)]
+pub fn fuzz_decode(msg: &[u8], len: usize) -> Result<()> {
+    let mut sparse = SparseGrad::default();
+    let mut dense = Vec::new();
+    let mut again = Vec::new();
+    match decode(0, msg, len, &mut sparse, &mut dense)? {
+        Kind::Sparse => {
+            assert!(sparse.indices.len() <= len && sparse.values.len() == sparse.indices.len());
+            encode_sparse(&sparse, len, &mut again);
+            let mut m = SparseGrad::default();
+            merge(&sparse, &sparse, &mut m);
+            assert_eq!(m.indices, sparse.indices, "self-merge keeps the index set");
+        }
+        Kind::Dense => {
+            assert_eq!(dense.len(), len);
+            encode_dense(&dense, &mut again);
+        }
+    }
+    assert_eq!(
+        again, msg,
+        "an accepted message re-encodes to the same bytes"
+    );
+    Ok(())
+}
+
 /// Merges two sorted sparse vectors into `out` (cleared first), adding values at common
 /// indices (`a + b`, commutative, so both partners of an exchange get the same bits).
 pub(crate) fn merge(a: &SparseGrad, b: &SparseGrad, out: &mut SparseGrad) {

@@ -163,7 +163,7 @@ fn battery(t: &mut dyn Transport, len: usize, seed: u64) -> (Vec<String>, Vec<Ve
             } else {
                 vec![9; 3]
             };
-            match broadcast::broadcast_bytes(t, &mut b, root, seg) {
+            match broadcast::broadcast_bytes(t, &mut b, root, seg, 1 << 20) {
                 Ok(()) => {
                     if b != payload(root) {
                         errs.push(format!("{tag} broadcast_bytes: {b:?}"));

@@ -1,37 +1,67 @@
-//! The frame header of the TCP transport, and the rendezvous handshake messages.
+//! The wire formats of the TCP transport: the frame header, the handshake messages and the
+//! address table. Every decoder here is pure and total (malformed bytes give an error, never
+//! a panic), and each is a fuzz target (`fuzz/fuzz_targets/tcp_*.rs`).
 //!
 //! Data frame header (8 bytes, little-endian):
 //! ```text
 //! 0..4  magic  u32 = 0x3146_5747 ("GWF1") for a message, 0x3141_5747 ("GWA1") for an abort
 //! 4..8  len    u32 payload bytes that follow (for an abort: the rank that failed; no payload)
 //! ```
-//! Handshake (sent once by the connecting side, before any frame):
+//! Handshake (the proofs are described in the `tcp::handshake` module source). The token never crosses the wire:
+//! each side proves it knows it with an HMAC-SHA256 over the whole exchange so far.
 //! ```text
-//! 0..4   magic      u32 = 0x3148_5747 ("GWH1")
+//! hello, connecting side -> accepting side (31 bytes)
+//! 0..4   magic      u32 = 0x3248_5747 ("GWH2")
 //! 4      kind       u8  (1 = hello to rank 0, 2 = join between ranks > 0)
 //! 5..9   rank       u32
 //! 9..13  world_size u32
 //! 13..15 port       u16 (the sender's listening port; hello only)
-//! 15..17 token_len  u16 (at most MAX_TOKEN)
-//! 17..   token      token_len bytes
+//! 15..31 nonce      16 random bytes
+//!
+//! challenge, accepting side -> connecting side (56 bytes)
+//! 0..4   magic      u32 = 0x3243_5747 ("GWC2")
+//! 4..8   rank       u32 (the accepting rank)
+//! 8..24  nonce      16 random bytes
+//! 24..56 mac        HMAC-SHA256(token, "gradwire accept" | hello | challenge[0..24])
+//!
+//! proof, connecting side -> accepting side (36 bytes)
+//! 0..4   magic      u32 = 0x3250_5747 ("GWP2")
+//! 4..36  mac        HMAC-SHA256(token, "gradwire connect" | hello | challenge)
 //! ```
-//! Rank 0's reply to a hello: magic `GWT1`, then `world_size` entries of
-//! (ipv4/ipv6 tag u8, 16 address bytes, port u16).
+//! Rank 0's reply once every rank has joined, the address table (`4 + 19 * world_size`
+//! bytes): magic `GWT1`, then one entry per rank: tag u8 (4 = IPv4, 6 = IPv6), 16 address
+//! bytes (IPv4 as an IPv4-mapped IPv6 address), port u16.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Magic of a data frame.
 pub const MAGIC_DATA: u32 = 0x3146_5747;
 /// Magic of an abort frame.
 pub const MAGIC_ABORT: u32 = 0x3141_5747;
-/// Magic of a handshake.
-pub const MAGIC_HELLO: u32 = 0x3148_5747;
+/// Magic of a hello (the handshake's first message).
+pub const MAGIC_HELLO: u32 = 0x3248_5747;
+/// Magic of a challenge (the accepting side's answer and proof).
+pub const MAGIC_CHALLENGE: u32 = 0x3243_5747;
+/// Magic of a proof (the connecting side's answer).
+pub const MAGIC_PROOF: u32 = 0x3250_5747;
 /// Magic of the address table rank 0 sends back.
 pub const MAGIC_TABLE: u32 = 0x3154_5747;
 /// Length of a data frame header.
 pub const FRAME_HEADER_LEN: usize = 8;
-/// Longest accepted token.
-pub const MAX_TOKEN: usize = 1024;
-/// Length of the fixed part of a handshake.
-pub const HELLO_FIXED_LEN: usize = 17;
+/// Largest payload a frame header can announce.
+pub const MAX_FRAME_LIMIT: u64 = u32::MAX as u64;
+/// Length of a handshake nonce.
+pub const NONCE_LEN: usize = 16;
+/// Length of an HMAC-SHA256 tag.
+pub const MAC_LEN: usize = 32;
+/// Length of a hello.
+pub const HELLO_LEN: usize = 31;
+/// Length of a challenge.
+pub const CHALLENGE_LEN: usize = 56;
+/// Length of the part of a challenge its own MAC covers.
+pub const CHALLENGE_SIGNED_LEN: usize = 24;
+/// Length of a proof.
+pub const PROOF_LEN: usize = 36;
 /// Length of one address-table entry.
 pub const TABLE_ENTRY_LEN: usize = 19;
 
@@ -92,7 +122,7 @@ pub enum HelloKind {
     Join = 2,
 }
 
-/// A decoded handshake.
+/// The connecting side's first message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     /// Which handshake.
@@ -103,32 +133,39 @@ pub struct Hello {
     pub world_size: u32,
     /// The sender's listening port.
     pub port: u16,
-    /// The shared secret.
-    pub token: Vec<u8>,
+    /// Fresh random bytes, so no proof can be replayed.
+    pub nonce: [u8; NONCE_LEN],
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn check_len(b: &[u8], len: usize) -> Result<(), FrameError> {
+    match b.len() {
+        n if n < len => Err(FrameError::Truncated),
+        n if n > len => Err(FrameError::BadField("trailing bytes")),
+        _ => Ok(()),
+    }
 }
 
 impl Hello {
-    /// Encodes the handshake.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(HELLO_FIXED_LEN + self.token.len());
-        v.extend_from_slice(&MAGIC_HELLO.to_le_bytes());
-        v.push(self.kind as u8);
-        v.extend_from_slice(&self.rank.to_le_bytes());
-        v.extend_from_slice(&self.world_size.to_le_bytes());
-        v.extend_from_slice(&self.port.to_le_bytes());
-        v.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
-        v.extend_from_slice(&self.token);
+    /// Encodes the hello.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut v = [0u8; HELLO_LEN];
+        v[..4].copy_from_slice(&MAGIC_HELLO.to_le_bytes());
+        v[4] = self.kind as u8;
+        v[5..9].copy_from_slice(&self.rank.to_le_bytes());
+        v[9..13].copy_from_slice(&self.world_size.to_le_bytes());
+        v[13..15].copy_from_slice(&self.port.to_le_bytes());
+        v[15..].copy_from_slice(&self.nonce);
         v
     }
 
-    /// Decodes the fixed part; returns the handshake without its token and the token length
-    /// still to read.
-    pub fn decode_fixed(b: &[u8]) -> Result<(Hello, usize), FrameError> {
-        if b.len() < HELLO_FIXED_LEN {
-            return Err(FrameError::Truncated);
-        }
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        if u32_at(0) != MAGIC_HELLO {
+    /// Decodes a hello of exactly [`HELLO_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Result<Hello, FrameError> {
+        check_len(b, HELLO_LEN)?;
+        if u32_at(b, 0) != MAGIC_HELLO {
             return Err(FrameError::BadMagic);
         }
         let kind = match b[4] {
@@ -136,19 +173,140 @@ impl Hello {
             2 => HelloKind::Join,
             _ => return Err(FrameError::BadField("kind")),
         };
-        let token_len = usize::from(u16::from_le_bytes([b[15], b[16]]));
-        if token_len > MAX_TOKEN {
-            return Err(FrameError::TooLarge(token_len as u64));
-        }
-        let hello = Hello {
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[15..HELLO_LEN]);
+        Ok(Hello {
             kind,
-            rank: u32_at(5),
-            world_size: u32_at(9),
+            rank: u32_at(b, 5),
+            world_size: u32_at(b, 9),
             port: u16::from_le_bytes([b[13], b[14]]),
-            token: Vec::new(),
-        };
-        Ok((hello, token_len))
+            nonce,
+        })
     }
+}
+
+/// The accepting side's answer to a hello: its rank, its nonce, and its proof that it knows
+/// the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    /// The accepting rank.
+    pub rank: u32,
+    /// Fresh random bytes.
+    pub nonce: [u8; NONCE_LEN],
+    /// HMAC over the hello and the first [`CHALLENGE_SIGNED_LEN`] bytes of this message.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Challenge {
+    /// Encodes the part of the challenge its MAC covers.
+    pub fn encode_signed(rank: u32, nonce: &[u8; NONCE_LEN]) -> [u8; CHALLENGE_SIGNED_LEN] {
+        let mut v = [0u8; CHALLENGE_SIGNED_LEN];
+        v[..4].copy_from_slice(&MAGIC_CHALLENGE.to_le_bytes());
+        v[4..8].copy_from_slice(&rank.to_le_bytes());
+        v[8..].copy_from_slice(nonce);
+        v
+    }
+
+    /// Encodes the challenge.
+    pub fn encode(&self) -> [u8; CHALLENGE_LEN] {
+        let mut v = [0u8; CHALLENGE_LEN];
+        v[..CHALLENGE_SIGNED_LEN].copy_from_slice(&Self::encode_signed(self.rank, &self.nonce));
+        v[CHALLENGE_SIGNED_LEN..].copy_from_slice(&self.mac);
+        v
+    }
+
+    /// Decodes a challenge of exactly [`CHALLENGE_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Result<Challenge, FrameError> {
+        check_len(b, CHALLENGE_LEN)?;
+        if u32_at(b, 0) != MAGIC_CHALLENGE {
+            return Err(FrameError::BadMagic);
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[8..CHALLENGE_SIGNED_LEN]);
+        let mut mac = [0u8; MAC_LEN];
+        mac.copy_from_slice(&b[CHALLENGE_SIGNED_LEN..]);
+        Ok(Challenge {
+            rank: u32_at(b, 4),
+            nonce,
+            mac,
+        })
+    }
+}
+
+/// The connecting side's proof that it knows the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    /// HMAC over the hello and the whole challenge.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Proof {
+    /// Encodes the proof.
+    pub fn encode(&self) -> [u8; PROOF_LEN] {
+        let mut v = [0u8; PROOF_LEN];
+        v[..4].copy_from_slice(&MAGIC_PROOF.to_le_bytes());
+        v[4..].copy_from_slice(&self.mac);
+        v
+    }
+
+    /// Decodes a proof of exactly [`PROOF_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Result<Proof, FrameError> {
+        check_len(b, PROOF_LEN)?;
+        if u32_at(b, 0) != MAGIC_PROOF {
+            return Err(FrameError::BadMagic);
+        }
+        let mut mac = [0u8; MAC_LEN];
+        mac.copy_from_slice(&b[4..]);
+        Ok(Proof { mac })
+    }
+}
+
+/// Length of the address table of a world of `world_size` ranks.
+pub fn table_len(world_size: usize) -> usize {
+    4 + world_size * TABLE_ENTRY_LEN
+}
+
+/// Encodes the address table (rank order).
+pub fn encode_table(addrs: &[SocketAddr]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(table_len(addrs.len()));
+    out.extend_from_slice(&MAGIC_TABLE.to_le_bytes());
+    for a in addrs {
+        let (tag, bytes) = match a.ip() {
+            IpAddr::V4(v4) => (4u8, v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => (6u8, v6.octets()),
+        };
+        out.push(tag);
+        out.extend_from_slice(&bytes);
+        out.extend_from_slice(&a.port().to_le_bytes());
+    }
+    out
+}
+
+/// Decodes an address table of exactly `world_size` entries.
+pub fn decode_table(b: &[u8], world_size: usize) -> Result<Vec<SocketAddr>, FrameError> {
+    let len = world_size
+        .checked_mul(TABLE_ENTRY_LEN)
+        .and_then(|n| n.checked_add(4))
+        .ok_or(FrameError::TooLarge(world_size as u64))?;
+    check_len(b, len)?;
+    if u32_at(b, 0) != MAGIC_TABLE {
+        return Err(FrameError::BadMagic);
+    }
+    b[4..]
+        .chunks_exact(TABLE_ENTRY_LEN)
+        .map(|e| {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(&e[1..17]);
+            let v6 = Ipv6Addr::from(octets);
+            let ip = match (e[0], v6.to_ipv4_mapped()) {
+                (4, Some(v4)) => IpAddr::V4(v4),
+                (4, None) => return Err(FrameError::BadField("ipv4 entry not ipv4-mapped")),
+                (6, _) => IpAddr::V6(v6),
+                _ => return Err(FrameError::BadField("address tag")),
+            };
+            Ok(SocketAddr::new(ip, u16::from_le_bytes([e[17], e[18]])))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -172,33 +330,54 @@ mod tests {
     }
 
     #[test]
-    fn hello_round_trip_and_garbage() {
+    fn handshake_messages_round_trip_and_garbage() {
         let h = Hello {
             kind: HelloKind::Join,
             rank: 3,
             world_size: 8,
             port: 4242,
-            token: b"s3cret".to_vec(),
+            nonce: [7; NONCE_LEN],
         };
         let b = h.encode();
-        let (d, n) = Hello::decode_fixed(&b).unwrap();
-        assert_eq!(n, 6);
-        assert_eq!(
-            Hello {
-                token: b[HELLO_FIXED_LEN..].to_vec(),
-                ..d
-            },
-            h
-        );
-        assert_eq!(Hello::decode_fixed(&b[..5]), Err(FrameError::Truncated));
-        let mut bad = b.clone();
+        assert_eq!(Hello::decode(&b), Ok(h));
+        assert_eq!(Hello::decode(&b[..5]), Err(FrameError::Truncated));
+        assert!(Hello::decode(&[&b[..], &[0]].concat()).is_err());
+        let mut bad = b;
         bad[4] = 9;
-        assert_eq!(Hello::decode_fixed(&bad), Err(FrameError::BadField("kind")));
-        let mut big = b;
-        big[15..17].copy_from_slice(&u16::MAX.to_le_bytes());
-        assert!(matches!(
-            Hello::decode_fixed(&big),
-            Err(FrameError::TooLarge(_))
-        ));
+        assert_eq!(Hello::decode(&bad), Err(FrameError::BadField("kind")));
+
+        let c = Challenge {
+            rank: 2,
+            nonce: [1; NONCE_LEN],
+            mac: [9; MAC_LEN],
+        };
+        assert_eq!(Challenge::decode(&c.encode()), Ok(c.clone()));
+        assert_eq!(Challenge::decode(&b), Err(FrameError::Truncated));
+        let p = Proof { mac: [5; MAC_LEN] };
+        assert_eq!(Proof::decode(&p.encode()), Ok(p));
+        assert_eq!(
+            Proof::decode(&c.encode()[..PROOF_LEN]),
+            Err(FrameError::BadMagic)
+        );
+    }
+
+    #[test]
+    fn addr_table_round_trip_and_garbage() {
+        let addrs: Vec<SocketAddr> = ["127.0.0.1:5", "[::1]:65535", "10.1.2.3:29500"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let t = encode_table(&addrs);
+        assert_eq!(t.len(), table_len(3));
+        assert_eq!(decode_table(&t, 3), Ok(addrs));
+        assert_eq!(decode_table(&t, 4), Err(FrameError::Truncated));
+        assert!(decode_table(&t, 2).is_err());
+        let mut bad = t.clone();
+        bad[4] = 5;
+        assert_eq!(
+            decode_table(&bad, 3),
+            Err(FrameError::BadField("address tag"))
+        );
+        assert!(decode_table(&t, usize::MAX).is_err());
     }
 }

@@ -1,0 +1,438 @@
+//! The data path: one send and/or one receive driven to completion over non-blocking sockets
+//! with `poll(2)` (full duplex, so a ring step never deadlocks), frame parsing against the
+//! size limit, the no-progress deadline, and the abort notice that tells every rank which
+//! rank failed.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+use super::frame::{FrameError, FrameHeader, FRAME_HEADER_LEN};
+use super::Tcp;
+use crate::{Error, Op, Result, SplitStep};
+
+/// Where a receive puts its payload.
+pub(super) enum Sink<'a> {
+    Vec(&'a mut Vec<u8>),
+    Slice(&'a mut [u8]),
+}
+
+/// Bytes to write on one connection: `head` then `body` (a frame header and its payload,
+/// or what is left of a posted frame).
+#[derive(Clone, Copy)]
+struct Out<'a> {
+    to: usize,
+    head: &'a [u8],
+    body: &'a [u8],
+}
+
+/// A ring step posted with [`SplitStep::post`]: its frame is written up to `sent` bytes
+/// (header included); the rest is written from the caller's bytes at completion, no copy.
+pub(super) struct Posted {
+    to: usize,
+    from: usize,
+    header: [u8; FRAME_HEADER_LEN],
+    len: usize,
+    sent: usize,
+}
+
+impl Tcp {
+    /// Drives one send and/or one receive to completion with `poll(2)`.
+    pub(super) fn transfer(
+        &mut self,
+        send: Option<(usize, &[u8])>,
+        recv: Option<(usize, Sink<'_>)>,
+    ) -> Result<()> {
+        if self.posted.is_some() {
+            return Err(Error::Misuse {
+                what: "a posted step must be completed before the next call",
+            });
+        }
+        let res = self.checked_transfer(send, recv);
+        self.after(res)
+    }
+
+    /// On an error that names a failed peer, tells the others (once).
+    fn after(&mut self, res: Result<()>) -> Result<()> {
+        if let Err(e) = &res {
+            if let Some(failed) = failed_rank(e) {
+                self.abort(failed);
+            }
+        }
+        res
+    }
+
+    fn check_send(&self, to: usize, msg: &[u8]) -> Result<[u8; FRAME_HEADER_LEN]> {
+        self.check_peer(to)?;
+        if msg.len() as u64 > self.max_frame {
+            return Err(Error::FrameTooLarge {
+                peer: to,
+                len: msg.len() as u64,
+                max: self.max_frame,
+            });
+        }
+        Ok(FrameHeader::Data(msg.len() as u32).encode())
+    }
+
+    fn checked_transfer(
+        &mut self,
+        send: Option<(usize, &[u8])>,
+        recv: Option<(usize, Sink<'_>)>,
+    ) -> Result<()> {
+        let header = match send {
+            Some((to, msg)) => Some(self.check_send(to, msg)?),
+            None => None,
+        };
+        if let Some((from, _)) = &recv {
+            self.check_peer(*from)?;
+        }
+        let out = send
+            .zip(header.as_ref())
+            .map(|((to, body), h)| Out { to, head: h, body });
+        self.drive(out, recv)?;
+        if let Some((_, msg)) = send {
+            self.bytes_sent += msg.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes as much of `out` from byte `sent` on as the socket takes without blocking;
+    /// returns the new count and whether anything moved.
+    fn write_some(&mut self, out: Out<'_>, mut sent: usize) -> Result<(usize, bool)> {
+        let total = out.head.len() + out.body.len();
+        let mut progressed = false;
+        let stream = self.peers[out.to].as_mut().expect("checked peer");
+        while sent < total {
+            let r = if sent < out.head.len() {
+                stream.write_vectored(&[IoSlice::new(&out.head[sent..]), IoSlice::new(out.body)])
+            } else {
+                stream.write(&out.body[sent - out.head.len()..])
+            };
+            match r {
+                Ok(0) => {
+                    return Err(Error::PeerClosed {
+                        peer: out.to,
+                        op: Op::Send,
+                    })
+                }
+                Ok(k) => {
+                    sent += k;
+                    progressed = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(out.to, Op::Send, e)),
+            }
+        }
+        Ok((sent, progressed))
+    }
+
+    /// Drives `out` (if any) and one received frame (if any) to completion.
+    fn drive(&mut self, out: Option<Out<'_>>, recv: Option<(usize, Sink<'_>)>) -> Result<()> {
+        let mut sent = 0usize; // bytes of header + payload written
+        let send_total = out.map_or(0, |o| o.head.len() + o.body.len());
+
+        let mut rhead = [0u8; FRAME_HEADER_LEN];
+        let mut rgot = 0usize; // header bytes, then header + payload bytes
+        let mut rtotal: Option<usize> = None; // header + payload, once the header is known
+        let (recv_from, mut sink) = match recv {
+            Some((f, s)) => (Some(f), Some(s)),
+            None => (None, None),
+        };
+        let mut last_progress = Instant::now();
+        self.partial_send = out.filter(|_| send_total > 0).map(|o| o.to);
+
+        loop {
+            let mut progressed = false;
+            let mut want_out = false;
+            let mut want_in = false;
+            // Send side.
+            if let Some(o) = out {
+                if sent < send_total {
+                    let (now_sent, moved) = self.write_some(o, sent)?;
+                    sent = now_sent;
+                    progressed |= moved;
+                    want_out = sent < send_total;
+                }
+            }
+            // Receive side.
+            if let (Some(from), Some(sink)) = (recv_from, sink.as_mut()) {
+                loop {
+                    if rtotal == Some(rgot) {
+                        break;
+                    }
+                    let stream = self.peers[from].as_mut().expect("checked peer");
+                    let r = if rgot < FRAME_HEADER_LEN {
+                        stream.read(&mut rhead[rgot..])
+                    } else {
+                        let off = rgot - FRAME_HEADER_LEN;
+                        let end = rtotal.expect("header parsed") - FRAME_HEADER_LEN;
+                        match sink {
+                            Sink::Vec(v) => stream.read(&mut v[off..end]),
+                            Sink::Slice(s) => stream.read(&mut s[off..end]),
+                        }
+                    };
+                    match r {
+                        Ok(0) => {
+                            return Err(Error::PeerClosed {
+                                peer: from,
+                                op: Op::Recv,
+                            })
+                        }
+                        Ok(k) => {
+                            rgot += k;
+                            progressed = true;
+                            if rgot == FRAME_HEADER_LEN && rtotal.is_none() {
+                                let len = self.parse_header(from, &rhead)?;
+                                match sink {
+                                    Sink::Vec(v) => {
+                                        v.clear();
+                                        v.resize(len, 0);
+                                    }
+                                    Sink::Slice(s) if s.len() != len => {
+                                        return Err(Error::SizeMismatch {
+                                            peer: from,
+                                            expected: s.len(),
+                                            got: len,
+                                        });
+                                    }
+                                    Sink::Slice(_) => {}
+                                }
+                                rtotal = Some(FRAME_HEADER_LEN + len);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            want_in = true;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_error(from, Op::Recv, e)),
+                    }
+                }
+            }
+            if !want_in && !want_out {
+                break;
+            }
+            let now = Instant::now();
+            if progressed {
+                last_progress = now;
+            }
+            let left = self
+                .timeout
+                .saturating_sub(now.duration_since(last_progress));
+            if left.is_zero() {
+                return Err(
+                    self.stall_error(want_in.then_some(recv_from).flatten(), out.map(|o| o.to))
+                );
+            }
+            let mut fds = Vec::with_capacity(2);
+            if want_out {
+                let to = out.expect("sending").to;
+                fds.push(libc::pollfd {
+                    fd: self.fd(to),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+            }
+            if want_in {
+                let from = recv_from.expect("receiving");
+                fds.push(libc::pollfd {
+                    fd: self.fd(from),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: `fds` is a valid, initialised array of `fds.len()` pollfd structs that
+            // lives across the call; poll only writes their `revents` fields.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    let peer = recv_from.or(out.map(|o| o.to)).unwrap_or(self.rank);
+                    return Err(Error::Io {
+                        peer,
+                        op: Op::Recv,
+                        source: e,
+                    });
+                }
+            }
+        }
+        self.partial_send = None;
+        Ok(())
+    }
+
+    fn parse_header(&self, from: usize, h: &[u8; FRAME_HEADER_LEN]) -> Result<usize> {
+        match FrameHeader::decode(h, self.max_frame) {
+            Ok(FrameHeader::Data(len)) => Ok(len as usize),
+            Ok(FrameHeader::Abort(failed)) => {
+                let failed = failed as usize;
+                if failed < self.world_size {
+                    Err(Error::PeerFailed {
+                        peer: failed,
+                        reported_by: from,
+                    })
+                } else {
+                    Err(Error::BadFrame {
+                        peer: from,
+                        what: "abort names no rank of this job",
+                    })
+                }
+            }
+            Err(FrameError::TooLarge(len)) => Err(Error::FrameTooLarge {
+                peer: from,
+                len,
+                max: self.max_frame,
+            }),
+            Err(_) => Err(Error::BadFrame {
+                peer: from,
+                what: "bad magic",
+            }),
+        }
+    }
+
+    fn stall_error(&self, recv_from: Option<usize>, send_to: Option<usize>) -> Error {
+        match (recv_from, send_to) {
+            (Some(from), _) => Error::Timeout {
+                peer: from,
+                op: Op::Recv,
+                after: self.timeout,
+            },
+            (None, Some(to)) => Error::Timeout {
+                peer: to,
+                op: Op::Send,
+                after: self.timeout,
+            },
+            (None, None) => Error::Timeout {
+                peer: self.rank,
+                op: Op::Recv,
+                after: self.timeout,
+            },
+        }
+    }
+
+    fn fd(&self, peer: usize) -> i32 {
+        self.peers[peer].as_ref().expect("checked peer").as_raw_fd()
+    }
+
+    /// Tells every other rank that `failed` failed (best effort, never blocks), then stops
+    /// using the connections. Called automatically when a call fails because of a peer.
+    pub fn abort(&mut self, failed: usize) {
+        if self.aborted {
+            return;
+        }
+        self.aborted = true;
+        let frame = FrameHeader::Abort(failed as u32).encode();
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            if let Some(s) = p {
+                if r != failed && Some(r) != self.partial_send {
+                    // Non-blocking: a full buffer simply loses the notice; the peer then
+                    // learns of the failure from its own deadline.
+                    let _ = s.write(&frame);
+                }
+                let _ = s.shutdown(Shutdown::Write);
+            }
+        }
+    }
+}
+
+/// The pipelined ring step: [`SplitStep::post`] writes the frame as far as the kernel takes it
+/// without blocking and notes how far it got; [`SplitStep::complete_into`] writes the rest
+/// from the same bytes (no copy) while it receives, like
+/// [`crate::Transport::send_recv_into`]. Between the two calls the kernel keeps moving both
+/// directions: our frame drains from the send buffer, the peer's arrives in the receive
+/// buffer (the "posted receive"), while the caller reduces the previous segment.
+impl SplitStep for Tcp {
+    fn post(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()> {
+        if self.posted.is_some() {
+            return Err(Error::Misuse {
+                what: "a second step posted before the first was completed",
+            });
+        }
+        let res = self.post_inner(to, msg, from);
+        self.after(res)
+    }
+
+    fn complete_into(&mut self, msg: &[u8], out: &mut [u8]) -> Result<()> {
+        let Some(p) = self.posted.take() else {
+            return Err(Error::Misuse {
+                what: "complete_into without a posted step",
+            });
+        };
+        if msg.len() != p.len {
+            return Err(Error::Misuse {
+                what: "complete_into was given other bytes than the posted step",
+            });
+        }
+        let rest = if p.sent < FRAME_HEADER_LEN {
+            Out {
+                to: p.to,
+                head: &p.header[p.sent..],
+                body: msg,
+            }
+        } else {
+            Out {
+                to: p.to,
+                head: &[],
+                body: &msg[p.sent - FRAME_HEADER_LEN..],
+            }
+        };
+        let res = self.drive(Some(rest), Some((p.from, Sink::Slice(out))));
+        if res.is_ok() {
+            self.bytes_sent += p.len as u64;
+        }
+        self.after(res)
+    }
+}
+
+impl Tcp {
+    fn post_inner(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()> {
+        let header = self.check_send(to, msg)?;
+        self.check_peer(from)?;
+        self.partial_send = Some(to);
+        let out = Out {
+            to,
+            head: &header,
+            body: msg,
+        };
+        let (sent, _) = self.write_some(out, 0)?;
+        if sent == FRAME_HEADER_LEN + msg.len() {
+            self.partial_send = None;
+        }
+        self.posted = Some(Posted {
+            to,
+            from,
+            header,
+            len: msg.len(),
+            sent,
+        });
+        Ok(())
+    }
+}
+
+/// The rank whose failure an error reports, if the error is about a peer's health.
+fn failed_rank(e: &Error) -> Option<usize> {
+    match e {
+        Error::Timeout { peer, .. }
+        | Error::PeerClosed { peer, .. }
+        | Error::Io { peer, .. }
+        | Error::BadFrame { peer, .. }
+        | Error::FrameTooLarge { peer, .. }
+        | Error::PeerFailed { peer, .. } => Some(*peer),
+        _ => None,
+    }
+}
+
+fn io_error(peer: usize, op: Op, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionAborted => Error::PeerClosed { peer, op },
+        _ => Error::Io {
+            peer,
+            op,
+            source: e,
+        },
+    }
+}
