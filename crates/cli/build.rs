@@ -12,8 +12,8 @@ fn main() {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let rev = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|s| !s.is_empty());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     let rev = if dirty { format!("{rev}-dirty") } else { rev };
     println!("cargo:rustc-env=GRADWIRE_GIT_REV={rev}");
     // Rebuild when HEAD moves: the HEAD file, and the branch ref it names.
@@ -29,7 +29,10 @@ fn main() {
             };
             println!("cargo:rerun-if-changed={}", common.join(r).display());
         }
-        println!("cargo:rerun-if-changed={}", Path::new(&dir).join("index").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            Path::new(&dir).join("index").display()
+        );
     }
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -15,6 +15,10 @@ pub enum BenchCommand {
     /// Codec throughput: encode and decode_add GB/s and compression ratio per codec, next to
     /// the memcpy GB/s of the same machine measured in the same run.
     Codecs(crate::bench_codecs::CodecBenchArgs),
+    /// The engine (negotiation, fusion, progress thread) against one blocking all-reduce
+    /// per tensor and one of everything, on LeNet's, a char-LSTM's and 1,000 small tensors'
+    /// gradient lists; median step times from the same run.
+    Engine(crate::bench_engine::EngineBenchArgs),
 }
 
 /// Runs a benchmark subcommand.
@@ -22,5 +26,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Allreduce(a) => crate::bench_allreduce::run(&a),
         BenchCommand::Codecs(a) => crate::bench_codecs::run(&a),
+        BenchCommand::Engine(a) => crate::bench_engine::run(&a),
     }
 }

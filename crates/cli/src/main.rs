@@ -7,6 +7,7 @@
 mod bench;
 mod bench_allreduce;
 mod bench_codecs;
+mod bench_engine;
 mod check;
 mod launch;
 mod plot;

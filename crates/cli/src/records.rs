@@ -121,6 +121,9 @@ pub struct RunRecord {
     /// The version, revision and command that made the run (absent in older records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
+    /// The engine's summary: bytes by kind, stragglers, negotiation rounds, policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<serde_json::Value>,
 }
 
 impl RunRecord {
@@ -249,6 +252,7 @@ pub(crate) mod tests {
             epochs,
             momentum_correction: None,
             provenance: None,
+            engine: None,
         }
     }
 

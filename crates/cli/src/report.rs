@@ -129,8 +129,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     let md = crate::report_render::render_markdown(&runs, &baseline, &command);
     let md_path = args.out.join("report.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-    if let Err(e) =
-        crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))
+    if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))
     {
         eprintln!("gradwire report: warning: comparison chart not drawn ({e:#})");
     }

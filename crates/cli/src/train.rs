@@ -14,8 +14,8 @@ use clap::Args;
 use gradwire_codec::{CodecConfig, CodecId};
 use gradwire_train::data::{default_data_dir, DatasetKind};
 use gradwire_train::{
-    CompressedSync, DenseSync, EpochStats, GradientSync, ModelKind, OptimizerConfig,
-    OptimizerKind, StepInfo, SyncStrategy, TrainConfig, Trainer,
+    EngineConfig, EngineSync, EpochStats, GradientSync, ModelKind, MomentumConfig, OptimizerConfig,
+    OptimizerKind, Rule, StepInfo, SyncStrategy, TrainConfig, Trainer,
 };
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
@@ -61,9 +61,23 @@ pub struct TrainArgs {
     /// dgc:ratio=0.001 [default: none].
     #[arg(long)]
     pub codec: Option<CodecConfig>,
-    /// How compressed gradients are reduced: auto, gather, quantized, sparse [default: auto].
+    /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
+    /// [default: auto].
     #[arg(long)]
     pub sync: Option<SyncStrategy>,
+    /// A per-tensor codec rule, `SELECTOR=>CODEC[@STRATEGY]`, first match wins; selectors
+    /// `name=GLOB`, `min=N`, `max=N` (elements), `dims=D`. Repeatable. Example: `--rule
+    /// 'dims=1=>none' --rule 'name=fc3.*=>fp16'`. Tensors no rule matches take --codec.
+    #[arg(long = "rule", value_name = "RULE")]
+    pub rules: Vec<Rule>,
+    /// Fuse ready tensors of one policy into buffers of at most this many bytes (0: off)
+    /// [default: 4194304].
+    #[arg(long)]
+    pub fusion_bytes: Option<usize>,
+    /// Write a Chrome trace of every rank's step phases and tensor operations (open it in
+    /// Perfetto): FILE merged, and FILE with `.rankN` before its extension per rank.
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
     /// Momentum correction (DGC, section 3.2): each worker folds SGD's momentum into its
     /// gradient before the codec, and the optimizer steps without momentum. `auto` (and `on`)
     /// use it for every codec when the optimizer is SGD with momentum (it fixed the biased
@@ -133,6 +147,9 @@ struct TrainFile {
     workers: Option<usize>,
     codec: Option<String>,
     sync: Option<String>,
+    rules: Option<Vec<String>>,
+    fusion_bytes: Option<usize>,
+    timeline: Option<PathBuf>,
     momentum_correction: Option<MomentumMode>,
     allow_dgc_adaptive: Option<bool>,
     epochs: Option<usize>,
@@ -173,8 +190,14 @@ pub struct Plan {
     pub workers: usize,
     /// The codec spec (canonical).
     pub codec: CodecConfig,
-    /// Compressed all-reduce strategy.
+    /// Reduction strategy of tensors no rule matches.
     pub sync: SyncStrategy,
+    /// Per-tensor codec rules.
+    pub rules: Vec<Rule>,
+    /// Fusion buffer size in bytes.
+    pub fusion_bytes: usize,
+    /// Where the merged timeline goes.
+    pub timeline: Option<PathBuf>,
     /// Momentum correction in the sync: `(beta, nesterov)` taken from the optimizer.
     pub momentum_correction: Option<(f64, bool)>,
     /// Trainer settings.
@@ -236,21 +259,19 @@ impl TrainArgs {
         };
         let dataset = match self.dataset {
             Some(d) => d,
-            None => from_file(name, "dataset", file.dataset)?.unwrap_or(
-                if model.is_language_model() {
+            None => {
+                from_file(name, "dataset", file.dataset)?.unwrap_or(if model.is_language_model() {
                     DatasetKind::Shakespeare
                 } else {
                     DatasetKind::FashionMnist
-                },
-            ),
+                })
+            }
         };
         let asked = self.workers.or(file.workers);
         let workers = match host.launched {
             Some((world, _)) => {
                 if let Some(w) = asked.filter(|&w| w != world) {
-                    tracing::warn!(
-                        "--workers {w} ignored: the launcher started {world} ranks"
-                    );
+                    tracing::warn!("--workers {w} ignored: the launcher started {world} ranks");
                 }
                 world
             }
@@ -261,14 +282,34 @@ impl TrainArgs {
         }
         let codec = match &self.codec {
             Some(c) => c.clone(),
-            None => from_file(name, "codec", file.codec)?.unwrap_or(CodecConfig::None(
-                gradwire_codec::CastConfig::default(),
-            )),
+            None => from_file(name, "codec", file.codec)?
+                .unwrap_or(CodecConfig::None(gradwire_codec::CastConfig::default())),
         };
         let sync = match self.sync {
             Some(s) => s,
             None => from_file(name, "sync", file.sync)?.unwrap_or_default(),
         };
+        let rules = if self.rules.is_empty() {
+            file.rules
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| {
+                    r.parse::<Rule>()
+                        .map_err(|e| anyhow::anyhow!("{name}: rules: {r:?}: {e}"))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            self.rules.clone()
+        };
+        // An impossible codec/strategy pair is refused here, before any data loads (rules
+        // naming tensors are checked against the model when the engine starts).
+        EngineConfig {
+            codec: codec.clone(),
+            strategy: sync,
+            ..EngineConfig::default()
+        }
+        .plan(&[gradwire_train::sync::probe_tensor()])
+        .map_err(|e| anyhow::anyhow!("--codec {codec} with --sync: {e}"))?;
         let epochs = self.epochs.or(file.epochs).unwrap_or(1);
         let batch = self
             .batch
@@ -348,6 +389,12 @@ impl TrainArgs {
             workers,
             codec,
             sync,
+            rules,
+            fusion_bytes: self
+                .fusion_bytes
+                .or(file.fusion_bytes)
+                .unwrap_or(EngineConfig::default().fusion_bytes),
+            timeline: self.timeline.clone().or(file.timeline),
             momentum_correction,
             train,
             seq_len: self.seq_len.or(file.seq_len).unwrap_or(64),
@@ -432,25 +479,24 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         .load(&plan.data, plan.seq_len)
         .with_context(|| format!("rank {rank}: loading {}", plan.dataset.name()))?;
     let model = plan.model.build(data.shape(), plan.train.seed)?;
-    let layout = model.layout();
     let steps_guess = steps_per_epoch(data.train.len(), world, &plan.train);
-    let sync: Box<dyn GradientSync> =
-        if plan.codec.id() == CodecId::None && plan.sync == SyncStrategy::Auto {
-            Box::new(DenseSync::new(t))
-        } else {
-            let sync = CompressedSync::new(
-                t,
-                plan.codec.clone(),
-                plan.sync,
-                layout,
-                plan.train.seed,
-                steps_guess,
-            );
-            Box::new(match plan.momentum_correction {
-                Some((beta, nesterov)) => sync.with_momentum_correction(beta as f32, nesterov),
-                None => sync,
-            })
-        };
+    let engine = EngineConfig {
+        codec: plan.codec.clone(),
+        strategy: plan.sync,
+        rules: plan.rules.clone(),
+        momentum: plan
+            .momentum_correction
+            .map(|(beta, nesterov)| MomentumConfig {
+                beta: beta as f32,
+                nesterov,
+            }),
+        fusion_bytes: plan.fusion_bytes,
+        seed: plan.train.seed,
+        timeline: plan.timeline.is_some(),
+        ..EngineConfig::default()
+    };
+    let sync = EngineSync::new(t, engine, &model.tensors(), steps_guess)
+        .with_context(|| format!("rank {rank}: starting the engine"))?;
     let mut trainer = Trainer::new(model, sync, plan.train.clone(), data.train.len())?;
     let steps = trainer.steps_per_epoch(data.train.len());
     let reporting = rank == 0;
@@ -481,6 +527,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         epochs: Vec::new(),
         momentum_correction: plan.momentum_correction.map(|(beta, _)| beta),
         provenance: Some(crate::records::Provenance::current()),
+        engine: None,
     };
     let mut last_acc = String::new();
     let mut total_bytes = 0u64;
@@ -531,11 +578,61 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             run.epochs.push(rec);
         }
     }
+    let (_, mut sync) = trainer.into_parts();
+    let stats = sync.stats();
+    if let Some(path) = &plan.timeline {
+        let mine = rank_path(path, rank);
+        sync.write_timeline(&mine)
+            .with_context(|| format!("writing {}", mine.display()))?;
+        // Every rank's file is written before rank 0 merges them.
+        sync.average_metrics(&mut [0.0])?;
+        if rank == 0 {
+            let files: Vec<PathBuf> = (0..world).map(|r| rank_path(path, r)).collect();
+            let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+            gradwire_engine::merge_traces(&refs, path)
+                .with_context(|| format!("merging the timeline into {}", path.display()))?;
+            eprintln!(
+                "gradwire train: timeline in {} (open in Perfetto)",
+                path.display()
+            );
+        }
+    }
     if reporting {
+        run.engine = Some(serde_json::json!({
+            "bytes": stats.bytes,
+            "compression_ratio": stats.bytes.compression_ratio(),
+            "stragglers": {
+                "collectives": stats.stragglers.collectives,
+                "last_count": stats.stragglers.last_count,
+                "mean_lag_us": stats.stragglers.mean_lag_us,
+                "max_lag_us": stats.stragglers.max_lag_us,
+            },
+            "stalls": stats.stalls.len(),
+            "negotiation_rounds": stats.cycles,
+            "policies": sync
+                .engine()
+                .policies()
+                .iter()
+                .map(|p| format!("{}: {} @ {:?}", p.tensor.name, p.codec, p.strategy))
+                .collect::<Vec<_>>(),
+        }));
         write_run(&run, &plan.out)?;
         eprintln!("gradwire train: wrote {}", plan.out.display());
     }
+    sync.shutdown()?;
     Ok(())
+}
+
+/// `FILE` with `.rankN` before its extension (`trace.json` -> `trace.rank2.json`).
+fn rank_path(path: &Path, rank: usize) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or("timeline".into(), |s| s.to_string_lossy());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
 }
 
 /// Steps per epoch as the trainer computes them (each rank's shard over its batch).
@@ -630,18 +727,36 @@ mod tests {
         let a = args(&["--codec", "topk:ratio=0.01", "--epochs", "3"]).unwrap();
         let f = file("codec = \"qsgd:bits=4\"\nepochs = 7\nbatch = 16\nmodel = \"mlp\"\n");
         let p = a.merge(f, "run.toml", ALONE).unwrap();
-        assert_eq!(p.codec.to_string(), "topk:ratio=0.01".parse::<CodecConfig>().unwrap().to_string());
+        assert_eq!(
+            p.codec.to_string(),
+            "topk:ratio=0.01"
+                .parse::<CodecConfig>()
+                .unwrap()
+                .to_string()
+        );
         assert_eq!(p.train.epochs, 3);
         assert_eq!(p.train.batch_size, 16);
         assert_eq!(p.model, ModelKind::Mlp);
         assert_eq!(p.dataset, DatasetKind::FashionMnist);
         // Defaults.
-        let p = args(&[]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
-        assert_eq!((p.model, p.workers, p.train.epochs, p.train.batch_size), (ModelKind::LeNet, 1, 1, 64));
+        let p = args(&[])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert_eq!(
+            (p.model, p.workers, p.train.epochs, p.train.batch_size),
+            (ModelKind::LeNet, 1, 1, 64)
+        );
         assert_eq!(p.codec.id(), CodecId::None);
         assert_eq!(p.data, default_data_dir());
-        let p = args(&["--model", "lstm"]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
-        assert_eq!((p.dataset, p.train.batch_size), (DatasetKind::Shakespeare, 32));
+        let p = args(&["--model", "lstm"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert_eq!(
+            (p.dataset, p.train.batch_size),
+            (DatasetKind::Shakespeare, 32)
+        );
     }
 
     #[test]
@@ -651,13 +766,19 @@ mod tests {
             .merge(file("model = \"vgg\"\n"), "run.toml", ALONE)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("run.toml") && e.contains("model") && e.contains("lenet"), "{e}");
+        assert!(
+            e.contains("run.toml") && e.contains("model") && e.contains("lenet"),
+            "{e}"
+        );
         assert!(toml::from_str::<TrainFile>("modle = \"mlp\"\n").is_err());
     }
 
     #[test]
     fn momentum_correction_moves_momentum_out_of_the_optimizer() {
-        let p = args(&["--codec", "qsgd"]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        let p = args(&["--codec", "qsgd"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
         assert_eq!(p.momentum_correction, Some((0.9, false)));
         assert_eq!(p.train.optimizer.sgd_momentum(), None);
         let p = args(&["--codec", "qsgd", "--momentum-correction", "off"])
@@ -666,13 +787,26 @@ mod tests {
             .unwrap();
         assert_eq!(p.momentum_correction, None);
         assert_eq!(p.train.optimizer.sgd_momentum(), Some((0.9, false)));
-        let p = args(&[]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
-        assert_eq!(p.momentum_correction, None, "dense keeps the optimizer's momentum");
-        let e = args(&["--codec", "qsgd", "--momentum-correction", "on", "--optimizer", "adam"])
+        let p = args(&[])
             .unwrap()
             .merge(TrainFile::default(), "", ALONE)
-            .unwrap_err()
-            .to_string();
+            .unwrap();
+        assert_eq!(
+            p.momentum_correction, None,
+            "dense keeps the optimizer's momentum"
+        );
+        let e = args(&[
+            "--codec",
+            "qsgd",
+            "--momentum-correction",
+            "on",
+            "--optimizer",
+            "adam",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("momentum"), "{e}");
     }
 
@@ -683,12 +817,24 @@ mod tests {
             .merge(TrainFile::default(), "", ALONE)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("DGC needs SGD") && e.contains("--allow-dgc-adaptive"), "{e}");
-        assert!(args(&["--codec", "dgc", "--optimizer", "adam", "--allow-dgc-adaptive"])
+        assert!(
+            e.contains("DGC needs SGD") && e.contains("--allow-dgc-adaptive"),
+            "{e}"
+        );
+        assert!(args(&[
+            "--codec",
+            "dgc",
+            "--optimizer",
+            "adam",
+            "--allow-dgc-adaptive"
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .is_ok());
+        assert!(args(&["--codec", "dgc"])
             .unwrap()
             .merge(TrainFile::default(), "", ALONE)
             .is_ok());
-        assert!(args(&["--codec", "dgc"]).unwrap().merge(TrainFile::default(), "", ALONE).is_ok());
     }
 
     #[test]
@@ -697,12 +843,24 @@ mod tests {
             cores: 8,
             launched: Some((16, 4)),
         };
-        let p = args(&["--workers", "2"]).unwrap().merge(TrainFile::default(), "", launched).unwrap();
+        let p = args(&["--workers", "2"])
+            .unwrap()
+            .merge(TrainFile::default(), "", launched)
+            .unwrap();
         assert_eq!((p.workers, p.threads), (16, 2));
-        let p = args(&["--workers", "4"]).unwrap().merge(TrainFile::default(), "", ALONE).unwrap();
+        let p = args(&["--workers", "4"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
         assert_eq!((p.workers, p.threads), (4, 2));
-        let p = args(&["--threads", "3"]).unwrap().merge(TrainFile::default(), "", launched).unwrap();
+        let p = args(&["--threads", "3"])
+            .unwrap()
+            .merge(TrainFile::default(), "", launched)
+            .unwrap();
         assert_eq!(p.threads, 3);
-        assert!(args(&["--workers", "0"]).unwrap().merge(TrainFile::default(), "", ALONE).is_err());
+        assert!(args(&["--workers", "0"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .is_err());
     }
 }

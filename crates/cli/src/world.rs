@@ -2,27 +2,17 @@
 //! a rank uses, from the environment its launcher set.
 
 use anyhow::{bail, Context, Result};
-use gradwire_transport::env::{local_size_from, tcp_config_from_env, Launcher};
+use gradwire_transport::env::{local_size_from, tcp_config_from_env};
 use gradwire_transport::tcp::{Tcp, TcpConfig};
 
 /// This process as one rank of a launched job.
 #[derive(Debug, Clone)]
 pub struct Launched {
-    /// Who set the environment.
-    pub launcher: Launcher,
     /// The rendezvous settings (rank, world size, master, token, deadline).
     pub config: TcpConfig,
     /// Ranks of the job on this host (the launcher's local size; the world size when the
     /// launcher does not say).
     pub local_size: usize,
-}
-
-impl Launched {
-    /// Compute threads for this rank: the host's cores shared among the ranks on it.
-    pub fn threads(&self) -> usize {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cores / self.local_size.max(1)).max(1)
-    }
 }
 
 /// Detects a launcher (gradwire launch, torchrun, mpirun, srun) from the environment and
@@ -33,8 +23,7 @@ pub fn detect() -> Result<Option<Launched>> {
     else {
         return Ok(None);
     };
-    let local_size =
-        local_size_from(|k| std::env::var(k).ok()).unwrap_or(config.world_size.max(1));
+    let local_size = local_size_from(|k| std::env::var(k).ok()).unwrap_or(config.world_size.max(1));
     tracing::info!(
         ?launcher,
         rank = config.rank,
@@ -43,11 +32,7 @@ pub fn detect() -> Result<Option<Launched>> {
         master = %config.master,
         "launched rank"
     );
-    Ok(Some(Launched {
-        launcher,
-        config,
-        local_size,
-    }))
+    Ok(Some(Launched { config, local_size }))
 }
 
 /// Joins the job described by `launched`.

@@ -428,6 +428,7 @@ impl Exec {
             &mut self.bcast,
             root,
             self.collective.segment_bytes(),
+            gradwire_collective::broadcast::DEFAULT_MAX_BROADCAST_BYTES,
         )?;
         clock.mark(Phase::Wire);
         let total: usize = items.iter().map(|it| it.data.len() * 4).sum();

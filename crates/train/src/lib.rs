@@ -35,8 +35,8 @@ mod trainer;
 
 pub use error::{Error, Result};
 pub use model::{Eval, Model, ModelKind};
-pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
 pub use model::{ParamTensor, TensorRole};
+pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
 pub use sync::{
     EngineConfig, EngineSync, GradientSync, MomentumConfig, Phase, Rule, SyncStats, SyncStrategy,
 };

@@ -232,7 +232,11 @@ fn epoch_stats_on_real_data() {
         assert!(s.bytes_sent > 0 && s.comm_s >= 0.0 && s.compute_s > 0.0);
         // Dense, 2 ranks: the canonical all-reduce sends the whole gradient once
         // (reduce-scatter half, all-gather half), so raw / wire is 1 (to the odd element).
-        assert!((s.compression_ratio - 1.0).abs() < 1e-3, "{}", s.compression_ratio);
+        assert!(
+            (s.compression_ratio - 1.0).abs() < 1e-3,
+            "{}",
+            s.compression_ratio
+        );
         let json = serde_json::to_value(&s).unwrap();
         for key in [
             "epoch",

@@ -34,7 +34,8 @@ pub(crate) fn param_paths<M: Module>(m: &M) -> Vec<ParamPath> {
     }
     impl ModuleVisitor for Paths {
         fn enter_module(&mut self, name: &str, container_type: &str) {
-            self.stack.push((name.to_string(), container_type.to_string()));
+            self.stack
+                .push((name.to_string(), container_type.to_string()));
         }
         fn exit_module(&mut self, _name: &str, _container_type: &str) {
             self.stack.pop();

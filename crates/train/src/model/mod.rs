@@ -89,10 +89,13 @@ impl ParamTensor {
 /// cell (an LSTM's `[in, 4 hidden]` gate matrices, used as `x W`) a linear weight; the last
 /// `Linear` holder's tensors are the output layer. Embeddings and anything else are `Other`.
 pub(crate) fn roles(paths: &[flat::ParamPath]) -> Vec<ParamTensor> {
-    let last_linear = paths
-        .iter()
-        .rposition(|p| p.holder == "Linear")
-        .map(|i| paths[i].path.rsplit_once('.').map_or("", |(m, _)| m).to_string());
+    let last_linear = paths.iter().rposition(|p| p.holder == "Linear").map(|i| {
+        paths[i]
+            .path
+            .rsplit_once('.')
+            .map_or("", |(m, _)| m)
+            .to_string()
+    });
     paths
         .iter()
         .map(|p| {

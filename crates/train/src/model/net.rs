@@ -37,10 +37,7 @@ impl<N: Net> BurnModel<N> {
     pub(crate) fn new(net: N, kind: ModelKind, device: Device, seed: u64) -> Self {
         let layout = flat::layout(&net);
         let tensors = super::roles(&flat::param_paths(&net));
-        debug_assert_eq!(
-            tensors.iter().map(|t| t.len()).collect::<Vec<_>>(),
-            layout
-        );
+        debug_assert_eq!(tensors.iter().map(|t| t.len()).collect::<Vec<_>>(), layout);
         let init = init_flat(&layout, &net.init_plan(), seed);
         let mut m = BurnModel {
             net: Some(net),

@@ -329,7 +329,11 @@ mod tests {
     #[test]
     fn parts_equal_the_whole_step() {
         let grads: Vec<Vec<f32>> = (0..4)
-            .map(|s| (0..10).map(|i| ((i * 3 + s * 7) % 11) as f32 - 5.0).collect())
+            .map(|s| {
+                (0..10)
+                    .map(|i| ((i * 3 + s * 7) % 11) as f32 - 5.0)
+                    .collect()
+            })
             .collect();
         for spec in [
             "sgd:lr=0.1,momentum=0.9,wd=0.01",

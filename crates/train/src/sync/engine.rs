@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use gradwire_engine::{Engine, EngineConfig, EngineStats, Phase, TensorSpec};
 use gradwire_transport::Transport;
 
-use super::{GradientSync, SyncStats};
+use super::{GradientSync, OnReady, SyncStats};
 use crate::error::{Error, Result};
 use crate::model::ParamTensor;
 
@@ -125,10 +125,7 @@ impl GradientSync for EngineSync {
 
     fn broadcast_params(&mut self, params: &mut [f32]) -> Result<()> {
         if self.world > 1 {
-            let got = self
-                .engine()
-                .broadcast(PARAMS, params.to_vec(), 0)
-                .wait()?;
+            let got = self.engine().broadcast(PARAMS, params.to_vec(), 0).wait()?;
             params.copy_from_slice(&got);
         }
         Ok(())
@@ -141,7 +138,7 @@ impl GradientSync for EngineSync {
     fn sync_by_tensor(
         &mut self,
         grads: &mut [f32],
-        on_ready: &mut dyn FnMut(Range<usize>, &[f32]) -> Result<()>,
+        on_ready: &mut OnReady<'_>,
     ) -> Result<SyncStats> {
         let total: usize = self.ranges.last().map_or(0, |r| r.end);
         if grads.len() != total {
@@ -153,10 +150,7 @@ impl GradientSync for EngineSync {
         }
         let t0 = Instant::now();
         let engine = self.engine.as_ref().expect("engine present until shutdown");
-        engine.set_progress(
-            self.step,
-            self.step as f32 / self.steps_per_epoch as f32,
-        );
+        engine.set_progress(self.step, self.step as f32 / self.steps_per_epoch as f32);
         self.step += 1;
         let wire_before = engine.stats().bytes.wire_bytes;
         // Output layer first, as a backward pass produces them.
@@ -164,7 +158,12 @@ impl GradientSync for EngineSync {
         let handles = engine.all_reduce_batch(
             order
                 .iter()
-                .map(|&i| (self.names[i].clone(), grads[self.ranges[i].clone()].to_vec()))
+                .map(|&i| {
+                    (
+                        self.names[i].clone(),
+                        grads[self.ranges[i].clone()].to_vec(),
+                    )
+                })
                 .collect(),
         );
         let mut in_callbacks = Duration::ZERO;
@@ -205,7 +204,9 @@ impl GradientSync for EngineSync {
             });
         }
         for (i, v) in values.iter_mut().enumerate() {
-            *v = (0..self.world).map(|r| f64::from(all[r * n + i])).sum::<f64>()
+            *v = (0..self.world)
+                .map(|r| f64::from(all[r * n + i]))
+                .sum::<f64>()
                 / self.world as f64;
         }
         Ok(())

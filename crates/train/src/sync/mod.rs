@@ -4,14 +4,22 @@
 mod engine;
 
 pub use engine::EngineSync;
-pub use gradwire_engine::{
-    EngineConfig, MomentumConfig, Phase, Rule, Strategy as SyncStrategy,
-};
+pub use gradwire_engine::{EngineConfig, MomentumConfig, Phase, Rule, Strategy as SyncStrategy};
 
 use std::ops::Range;
 use std::time::Instant;
 
 use crate::error::Result;
+
+/// A stand-in weight matrix for checking a codec and strategy pair (an [`EngineConfig`]'s
+/// `plan`) before the model exists.
+pub fn probe_tensor() -> gradwire_engine::TensorSpec {
+    gradwire_engine::TensorSpec::new("probe", [64, 64])
+}
+
+/// What [`GradientSync::sync_by_tensor`] calls with each part of the gradient as its result
+/// comes in: the part's range in the flat buffer and its values.
+pub type OnReady<'a> = dyn FnMut(Range<usize>, &[f32]) -> Result<()> + 'a;
 
 /// What one [`GradientSync::sync`] call cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -68,7 +76,7 @@ pub trait GradientSync: Send {
     fn sync_by_tensor(
         &mut self,
         grads: &mut [f32],
-        on_ready: &mut dyn FnMut(Range<usize>, &[f32]) -> Result<()>,
+        on_ready: &mut OnReady<'_>,
     ) -> Result<SyncStats> {
         let stats = self.sync(grads)?;
         on_ready(0..grads.len(), grads)?;
@@ -108,7 +116,7 @@ impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
     fn sync_by_tensor(
         &mut self,
         grads: &mut [f32],
-        on_ready: &mut dyn FnMut(Range<usize>, &[f32]) -> Result<()>,
+        on_ready: &mut OnReady<'_>,
     ) -> Result<SyncStats> {
         (**self).sync_by_tensor(grads, on_ready)
     }

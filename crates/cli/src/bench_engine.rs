@@ -1,0 +1,213 @@
+//! `gradwire bench engine`: the engine against one blocking all-reduce per tensor and one
+//! blocking all-reduce of everything, over the gradient lists of LeNet, a char-LSTM and a
+//! many-small case, P ranks, median step times in the same run.
+//!
+//! JSON (`--json FILE`):
+//! `{"np":4,"results":[{"case":"many-small","tensors":1000,"engine_ms":3.1,"per_tensor_ms":9.8,"flat_ms":2.9}]}`
+//! plus `transport`, `reps` and `provenance` at the top level.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gradwire_engine::bench::{self, BenchCase, BenchResult};
+use gradwire_engine::EngineConfig;
+use gradwire_transport::local::Local;
+use gradwire_transport::Transport;
+use serde::{Deserialize, Serialize};
+
+use crate::bench_allreduce::TransportKind;
+use crate::launch::{describe, spawn_capturing, RankSpec};
+
+/// Arguments of `gradwire bench engine`.
+#[derive(Args, Debug, Clone)]
+pub struct EngineBenchArgs {
+    /// Number of ranks.
+    #[arg(long, default_value_t = 4)]
+    np: usize,
+    /// Gradient lists: lenet, lstm, many-small (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "lenet,lstm,many-small")]
+    cases: Vec<BenchCase>,
+    /// Timed repetitions per mode (after one warm-up).
+    #[arg(long, default_value_t = 30)]
+    reps: usize,
+    /// tcp: P processes on loopback; local: P threads of this process.
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportKind,
+    /// Write the results as JSON.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Internal: this process is one rank started by the parent.
+    #[arg(long, hide = true)]
+    worker: bool,
+}
+
+/// One case's medians (the JSON shape other tools read).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaseResult {
+    /// `lenet`, `lstm` or `many-small`.
+    pub case: String,
+    /// Tensors in the list.
+    pub tensors: usize,
+    /// Median step time through the engine, ms.
+    pub engine_ms: f64,
+    /// Median step time with one blocking all-reduce per tensor, ms.
+    pub per_tensor_ms: f64,
+    /// Median step time with one blocking all-reduce of everything, ms.
+    pub flat_ms: f64,
+}
+
+/// The report.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// Ranks.
+    pub np: usize,
+    /// One entry per case.
+    pub results: Vec<CaseResult>,
+    /// Transport used.
+    pub transport: TransportKind,
+    /// Timed repetitions per mode.
+    pub reps: usize,
+    /// The version, revision and command that made the report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<crate::records::Provenance>,
+}
+
+fn case_result(r: &BenchResult) -> CaseResult {
+    CaseResult {
+        case: r.case.clone(),
+        tensors: r.tensors,
+        engine_ms: r.engine_ms,
+        per_tensor_ms: r.per_tensor_ms,
+        flat_ms: r.flat_ms,
+    }
+}
+
+/// Every case on one rank; rank 0's results are the report's (the engine's timings are
+/// taken after a barrier, so every rank measures the same steps).
+fn measure<T: Transport + 'static>(t: T, args: &EngineBenchArgs) -> Result<Vec<CaseResult>> {
+    let mut t: Box<dyn Transport> = Box::new(t);
+    let mut out = Vec::new();
+    for &case in &args.cases {
+        let (r, back) = bench::run(t, case, args.reps, EngineConfig::default())
+            .with_context(|| format!("case {}", case.name()))?;
+        t = back;
+        out.push(case_result(&r));
+    }
+    Ok(out)
+}
+
+/// Runs the benchmark (as the parent, or as one rank with `--worker` or under a launcher).
+pub fn run(args: &EngineBenchArgs) -> Result<()> {
+    if args.np == 0 {
+        bail!("--np must be at least 1");
+    }
+    let launched = crate::world::detect()?;
+    if args.worker || (launched.is_some() && args.transport == TransportKind::Tcp) {
+        let t = match &launched {
+            Some(l) => crate::world::join(l)?,
+            None => crate::world::join_from_env()?,
+        };
+        let (rank, np) = (t.rank(), t.world_size());
+        let results = measure(t, args)?;
+        if rank == 0 {
+            let report = report(np, results, args);
+            if args.worker {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                finish(&report, args)?;
+            }
+        }
+        return Ok(());
+    }
+    let report = match args.transport {
+        TransportKind::Local => {
+            let handles: Vec<_> = Local::world(args.np)
+                .into_iter()
+                .map(|t| {
+                    let a = args.clone();
+                    std::thread::spawn(move || measure(t, &a))
+                })
+                .collect();
+            let mut all = Vec::new();
+            for h in handles {
+                all.push(
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??,
+                );
+            }
+            report(args.np, all.swap_remove(0), args)
+        }
+        TransportKind::Tcp => {
+            let mut r = run_processes(args)?;
+            r.provenance = Some(crate::records::Provenance::current());
+            r
+        }
+    };
+    finish(&report, args)
+}
+
+fn report(np: usize, results: Vec<CaseResult>, args: &EngineBenchArgs) -> Report {
+    Report {
+        np,
+        results,
+        transport: args.transport,
+        reps: args.reps,
+        provenance: Some(crate::records::Provenance::current()),
+    }
+}
+
+fn run_processes(args: &EngineBenchArgs) -> Result<Report> {
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let cases: Vec<&str> = args.cases.iter().map(|c| c.name()).collect();
+    let spec = RankSpec {
+        np: args.np,
+        master: None,
+        timeout: None,
+        program: exe.display().to_string(),
+        args: vec![
+            "bench".into(),
+            "engine".into(),
+            "--worker".into(),
+            format!("--cases={}", cases.join(",")),
+            format!("--reps={}", args.reps),
+        ],
+    };
+    let mut ranks = spawn_capturing(&spec)?;
+    let captured = ranks.captured.take().expect("rank 0 captured");
+    let outcome = ranks.wait()?;
+    let out = captured
+        .join()
+        .map_err(|_| anyhow::anyhow!("reading rank 0's output"))?;
+    if let Some((rank, status)) = outcome.failure {
+        bail!("benchmark rank {rank} failed ({})", describe(status));
+    }
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("rank 0 printed no result")?;
+    serde_json::from_str(line).context("parsing rank 0's result")
+}
+
+fn finish(report: &Report, args: &EngineBenchArgs) -> Result<()> {
+    println!(
+        "{:<11} {:>8} {:>11} {:>14} {:>9} {:>12} {:>9}",
+        "case", "tensors", "engine ms", "per-tensor ms", "flat ms", "vs per-tensor", "vs flat"
+    );
+    for r in &report.results {
+        println!(
+            "{:<11} {:>8} {:>11.3} {:>14.3} {:>9.3} {:>11.2}x {:>8.2}x",
+            r.case,
+            r.tensors,
+            r.engine_ms,
+            r.per_tensor_ms,
+            r.flat_ms,
+            r.per_tensor_ms / r.engine_ms,
+            r.flat_ms / r.engine_ms
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
