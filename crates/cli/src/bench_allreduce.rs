@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use gradwire_collective::{Algorithm, Collectives, ReduceOp};
+use gradwire_transport::link::{LinkConfig, Throttled};
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,10 @@ pub struct AllreduceBenchArgs {
     /// Collective to time.
     #[arg(long, value_enum, default_value = "allreduce")]
     op: BenchOp,
+    /// Emulate a network link between the ranks, e.g. `1gbit,50us` (see `gradwire train
+    /// --help`); also read from GRADWIRE_LINK when not given.
+    #[arg(long, value_name = "SPEC", value_parser = link_arg)]
+    link: Option<String>,
     /// Timed iterations per size (default: from 200 for small messages down to 10).
     #[arg(long)]
     iters: Option<usize>,
@@ -110,8 +115,12 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
             Some(l) => crate::world::join(l)?,
             None => crate::world::join_from_env()?,
         };
-        let report = measure(&mut t, args)?;
-        if t.rank() == 0 {
+        let rank = t.rank();
+        let report = match link_config(args, t.world_size())? {
+            Some(cfg) => measure(&mut Throttled::new(t, &cfg), args)?,
+            None => measure(&mut t, args)?,
+        };
+        if rank == 0 {
             if args.worker {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
@@ -125,7 +134,17 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
     }
     let report = match args.transport {
         TransportKind::Local => {
-            let handles: Vec<_> = Local::world(args.np)
+            let world: Vec<Box<dyn Transport>> = match link_config(args, args.np)? {
+                Some(cfg) => Throttled::wrap_all(Local::world(args.np), &cfg)
+                    .into_iter()
+                    .map(|t| Box::new(t) as Box<dyn Transport>)
+                    .collect(),
+                None => Local::world(args.np)
+                    .into_iter()
+                    .map(|t| Box::new(t) as Box<dyn Transport>)
+                    .collect(),
+            };
+            let handles: Vec<_> = world
                 .into_iter()
                 .map(|mut t| {
                     let a = args.clone();
@@ -146,6 +165,19 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
     finish(&report, args)
 }
 
+/// `--link`, else GRADWIRE_LINK.
+fn link_config(args: &AllreduceBenchArgs, world: usize) -> Result<Option<LinkConfig>> {
+    Ok(match &args.link {
+        Some(l) => Some(l.parse()?),
+        None => gradwire_transport::link::config_from_env(world)?,
+    })
+}
+
+/// Checks a `--link` spec, keeping its text (it is passed on to the rank processes).
+pub fn link_arg(s: &str) -> std::result::Result<String, gradwire_transport::link::LinkSpecError> {
+    s.parse::<LinkConfig>().map(|_| s.to_string())
+}
+
 fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
     let exe = std::env::current_exe().context("locating the gradwire binary")?;
     let mut child_args = vec!["bench".to_string(), "allreduce".into(), "--worker".into()];
@@ -163,6 +195,9 @@ fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
         args.op.to_possible_value().expect("value").get_name()
     ));
     child_args.push(format!("--warmup={}", args.warmup));
+    if let Some(l) = &args.link {
+        child_args.push(format!("--link={l}"));
+    }
     if let Some(i) = args.iters {
         child_args.push(format!("--iters={i}"));
     }

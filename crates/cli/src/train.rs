@@ -17,6 +17,7 @@ use gradwire_train::{
     EngineConfig, EngineSync, EpochStats, GradientSync, ModelKind, MomentumConfig, OptimizerConfig,
     OptimizerKind, Rule, StepInfo, SyncStrategy, TrainConfig, Trainer,
 };
+use gradwire_transport::link::{LinkConfig, Throttled};
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -74,6 +75,11 @@ pub struct TrainArgs {
     /// [default: 4194304].
     #[arg(long)]
     pub fusion_bytes: Option<usize>,
+    /// Emulate a network link between the ranks: `BANDWIDTH[,LATENCY][,jitter=D]`, e.g.
+    /// `1gbit,50us` or `100mbit,1ms`; `;rankN=100mbit` makes rank N the slow one. Also read
+    /// from GRADWIRE_LINK (and GRADWIRE_LINK_RANK_N) when not given.
+    #[arg(long, value_name = "SPEC")]
+    pub link: Option<LinkConfig>,
     /// Write a Chrome trace of every rank's step phases and tensor operations (open it in
     /// Perfetto): FILE merged, and FILE with `.rankN` before its extension per rank.
     #[arg(long, value_name = "FILE")]
@@ -150,6 +156,7 @@ struct TrainFile {
     rules: Option<Vec<String>>,
     fusion_bytes: Option<usize>,
     timeline: Option<PathBuf>,
+    link: Option<String>,
     momentum_correction: Option<MomentumMode>,
     allow_dgc_adaptive: Option<bool>,
     epochs: Option<usize>,
@@ -198,6 +205,8 @@ pub struct Plan {
     pub fusion_bytes: usize,
     /// Where the merged timeline goes.
     pub timeline: Option<PathBuf>,
+    /// The emulated link, if any.
+    pub link: Option<LinkConfig>,
     /// Momentum correction in the sync: `(beta, nesterov)` taken from the optimizer.
     pub momentum_correction: Option<(f64, bool)>,
     /// Trainer settings.
@@ -395,6 +404,13 @@ impl TrainArgs {
                 .or(file.fusion_bytes)
                 .unwrap_or(EngineConfig::default().fusion_bytes),
             timeline: self.timeline.clone().or(file.timeline),
+            link: match &self.link {
+                Some(l) => Some(l.clone()),
+                None => match from_file(name, "link", file.link)? {
+                    Some(l) => Some(l),
+                    None => gradwire_transport::link::config_from_env(workers)?,
+                },
+            },
             momentum_correction,
             train,
             seq_len: self.seq_len.or(file.seq_len).unwrap_or(64),
@@ -428,7 +444,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let plan = args.plan(Host::detect(launched.as_ref()))?;
     if let Some(l) = &launched {
         let t = crate::world::join(l)?;
-        return run_rank(t, &plan, args.quiet);
+        return run_linked(t, &plan, args.quiet);
     }
     if args.worker {
         bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
@@ -439,10 +455,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .drain(1..)
             .map(|t| {
                 let p = plan.clone();
-                std::thread::spawn(move || run_rank(t, &p, true))
+                std::thread::spawn(move || run_linked(t, &p, true))
             })
             .collect();
-        let r0 = run_rank(world.pop().expect("rank 0"), &plan, args.quiet);
+        let r0 = run_linked(world.pop().expect("rank 0"), &plan, args.quiet);
         for h in rest {
             h.join()
                 .map_err(|_| anyhow::anyhow!("a worker thread panicked"))??;
@@ -468,6 +484,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Trains on one rank, behind the emulated link when the plan has one.
+fn run_linked<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()> {
+    match &plan.link {
+        Some(cfg) => run_rank(Throttled::new(t, cfg), plan, quiet),
+        None => run_rank(t, plan, quiet),
+    }
 }
 
 /// Trains on one rank; rank 0 reports.

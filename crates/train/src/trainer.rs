@@ -59,7 +59,7 @@ impl Default for TrainConfig {
             seed: 0,
             optimizer: OptimizerConfig::sgd(0.05, 0.9),
             max_steps_per_epoch: None,
-            eval: EvalMode::Rank0,
+            eval: EvalMode::Sharded,
             eval_batch_size: 500,
             eval_limit: None,
         }
