@@ -104,6 +104,16 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// An MPI call failed (feature `mpi`); `peer` is the rank of the point-to-point call.
+    #[error("MPI error{}: {message}", .peer.map(|p| format!(" with rank {p}")).unwrap_or_default())]
+    Mpi {
+        /// The peer of the failed call, if it had one.
+        peer: Option<usize>,
+        /// MPI's error code.
+        code: i32,
+        /// MPI's error string and the call that failed.
+        message: String,
+    },
     /// The environment did not describe a valid rank.
     #[error("environment: {reason}")]
     Env {
@@ -123,6 +133,7 @@ impl Error {
             | Error::BadFrame { peer, .. }
             | Error::SizeMismatch { peer, .. }
             | Error::PeerFailed { peer, .. } => Some(*peer),
+            Error::Mpi { peer, .. } => *peer,
             Error::InvalidRank { .. } | Error::Rendezvous { .. } | Error::Env { .. } => None,
         }
     }

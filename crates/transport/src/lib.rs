@@ -8,6 +8,8 @@
 //! Implementations: [`local`] (ranks as threads of one process, for tests and single-process
 //! use) and [`tcp`] (a full mesh over TCP with rendezvous at rank 0 and a shared-token
 //! handshake).
+//! With feature `mpi`, `mpi::Mpi` runs each rank as one process of an MPI job: start it with
+//! `mpirun -np N prog` or `srun -n N prog` and call `Mpi::from_env()` (see the `mpi` module).
 //!
 //! Glossary: a *rank* is one member of the job, numbered `0..world_size`; *peer* is only used
 //! for "the other rank" of a point-to-point call.
@@ -29,6 +31,8 @@
 pub mod env;
 mod error;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod tcp;
 
 pub use error::{Error, Op, Result};
