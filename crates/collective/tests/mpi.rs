@@ -4,7 +4,7 @@
 //! - run by `cargo test -p gradwire-collective --features mpi,test-util --test mpi`, it is
 //!   the launcher: it starts `mpirun -np N <itself> --mpi-suite N` for N in 2, 3, 4 (or
 //!   `GRADWIRE_MPI_NP`), streams the ranks' output, kills the job (process group) after
-//!   `GRADWIRE_MPI_TEST_TIMEOUT` seconds (default 600), and checks every rank's pass line.
+//!   `GRADWIRE_MPI_TEST_TIMEOUT` seconds (default 300), and checks every rank's pass line.
 //!   Without `mpirun` on the PATH (or `GRADWIRE_MPIRUN`) it skips loudly, unless
 //!   `GRADWIRE_REQUIRE_MPI=1`, which makes that a failure.
 //! - run under `mpirun` with `--mpi-suite N`, each process is one rank: it initializes MPI
@@ -129,7 +129,7 @@ fn launch(bench: bool) -> i32 {
         std::env::var("GRADWIRE_MPI_TEST_TIMEOUT")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(600.0),
+            .unwrap_or(300.0),
     );
     let exe = std::env::current_exe().expect("own path");
     let mut failed = 0;
@@ -240,6 +240,8 @@ fn floats_f32(seed: u64, rank: usize, len: usize) -> Vec<f32> {
 struct Tally {
     errs: Vec<String>,
     checks: usize,
+    /// A call failed: the message streams may be out of step, so the section stops here.
+    broken: bool,
 }
 
 impl Tally {
@@ -267,12 +269,16 @@ impl Tally {
             Ok(v) => Some(v),
             Err(e) => {
                 self.checks += 1;
+                self.broken = true;
                 self.errs.push(format!("{what}: {e}"));
                 None
             }
         }
     }
 }
+
+/// One part of the suite, run by every rank.
+type Section = fn(&mut Mpi, &mut Tally);
 
 fn rank_suite(np: usize) -> i32 {
     let mut t = Mpi::init().expect("initializing MPI");
@@ -281,7 +287,8 @@ fn rank_suite(np: usize) -> i32 {
         world, np,
         "mpirun -np {np} gave a world of {world} (singletons?)"
     );
-    t.set_timeout(Duration::from_secs(30));
+    // Short enough that a broken run fails in seconds, long enough for 4 ranks on 2 cores.
+    t.set_timeout(Duration::from_secs(10));
     if rank == 0 {
         println!(
             "mpi suite: {} ranks, {}",
@@ -290,7 +297,7 @@ fn rank_suite(np: usize) -> i32 {
         );
     }
     let mut tally = Tally::default();
-    let sections: [(&str, fn(&mut Mpi, &mut Tally)); 5] = [
+    let sections: [(&str, Section); 5] = [
         ("transport", transport_checks),
         ("dense", dense_checks),
         ("large", large_checks),
@@ -301,7 +308,10 @@ fn rank_suite(np: usize) -> i32 {
         let t0 = Instant::now();
         let before = tally.checks;
         f(&mut t, &mut tally);
-        t.native_barrier().expect("MPI_Barrier");
+        // Every rank learns whether a call failed anywhere (through MPI itself).
+        let mut broken = [f32::from(u8::from(tally.broken))];
+        t.native_all_reduce_f32(&mut broken, NativeOp::Max)
+            .expect("MPI_Allreduce");
         if rank == 0 {
             println!(
                 "mpi suite: rank 0: {name}: {} checks in {:.2?}",
@@ -309,9 +319,14 @@ fn rank_suite(np: usize) -> i32 {
                 t0.elapsed()
             );
         }
+        if broken[0] > 0.0 {
+            println!("mpi suite: rank {rank}: a call failed in section {name}; stopping");
+            tally.broken = true;
+            break;
+        }
     }
     // Agree on the outcome through MPI itself (independent of our collectives).
-    let mut bad = [tally.errs.len() as f32];
+    let mut bad = [(tally.errs.len() + usize::from(tally.broken)) as f32];
     t.native_all_reduce_f32(&mut bad, NativeOp::Sum)
         .expect("MPI_Allreduce");
     for e in tally.errs.iter().take(20) {
@@ -345,6 +360,9 @@ fn transport_checks(t: &mut Mpi, k: &mut Tally) {
     let sizes = [0usize, 1, 4095, 4096, 65_537, 3 << 20];
     let mut buf = Vec::new();
     for (i, &len) in sizes.iter().enumerate() {
+        if k.broken {
+            return;
+        }
         let before = t.bytes_sent();
         if k.res(
             "send_recv",
@@ -471,6 +489,9 @@ fn dense_checks(t: &mut Mpi, k: &mut Tally) {
     for (i, &len) in lens.iter().enumerate() {
         let seed = 0x6d70_6900 + i as u64 * 977;
         battery(t, k, len, seed);
+        if k.broken {
+            return;
+        }
     }
     // Float sums (order-dependent bits) agree across ranks.
     let mut bits = Vec::new();
@@ -508,6 +529,9 @@ fn battery(t: &mut Mpi, k: &mut Tally, len: usize, seed: u64) {
     let in_f64: Vec<Vec<f64>> = (0..world).map(|r| floats_f64(seed, r, len)).collect();
     for algo in ALGOS {
         for seg in SEGS {
+            if k.broken {
+                return;
+            }
             for op in OPS {
                 let tag = format!("len {len} {algo} seg {seg} {op}");
                 let mut b = in_f32[rank].clone();
@@ -658,6 +682,9 @@ fn battery(t: &mut Mpi, k: &mut Tally, len: usize, seed: u64) {
 fn large_checks(t: &mut Mpi, k: &mut Tally) {
     let (r, world) = (t.rank(), t.world_size());
     for len in [20_000usize, 300_001] {
+        if k.broken {
+            return;
+        }
         let inputs: Vec<Vec<f32>> = (0..world).map(|q| ints_f32(7, q, len)).collect();
         let mut b = inputs[r].clone();
         if k.res("all_reduce", t.all_reduce(&mut b, ReduceOp::Sum))
@@ -734,6 +761,9 @@ fn compressed_checks(t: &mut Mpi, k: &mut Tally) {
             .build(&ctx(0, 1, 0))
             .encode_sparse(&[1.0, -2.0, 0.5], &mut SparseGrad::default());
         for len in [0usize, 1, 37, 1000] {
+            if k.broken {
+                return;
+            }
             // Gather-decode: every rank decodes every payload, in rank order.
             let mut codecs: Vec<Box<dyn Codec>> =
                 (0..world).map(|r| cfg.build(&ctx(r, world, 0))).collect();
