@@ -215,6 +215,7 @@ impl Mpi {
     /// MPI's own `MPI_Allreduce` over `buf`, in place: the library's tuned algorithm, for
     /// comparison with ours or as the dense path when running under MPI. Blocking, with no
     /// deadline (a stalled rank hangs it); every rank must call it with the same length.
+    /// MPI does not say what it sent, so [`Transport::bytes_sent`] does not count it.
     pub fn native_all_reduce_f32(&mut self, buf: &mut [f32], op: NativeOp) -> Result<()> {
         let count = c_int::try_from(buf.len()).map_err(|_| Error::FrameTooLarge {
             peer: self.rank,
@@ -267,7 +268,6 @@ impl Mpi {
             let n = self.world_size as f32;
             buf.iter_mut().for_each(|x| *x /= n);
         }
-        self.bytes_sent += std::mem::size_of_val(buf) as u64;
         Ok(())
     }
 
@@ -644,5 +644,22 @@ mod tests {
         assert!(LAUNCHER_VARS.contains(&"PMI_RANK"));
         // In a plain `cargo test` none is set; under a launcher all of them may be.
         let _ = launched_by_mpi();
+    }
+
+    #[test]
+    fn mpi_errors_name_the_peer() {
+        let e = Error::Mpi {
+            peer: Some(2),
+            code: 15,
+            message: "MPI_Test during receive: MPI_ERR_TRUNCATE".into(),
+        };
+        assert_eq!(e.peer(), Some(2));
+        assert!(e.to_string().contains("with rank 2"), "{e}");
+        let e = Error::Mpi {
+            peer: None,
+            code: 1,
+            message: "MPI_Allreduce: x".into(),
+        };
+        assert_eq!(e.peer(), None);
     }
 }
