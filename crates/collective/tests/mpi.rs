@@ -131,6 +131,13 @@ fn launch(bench: bool) -> i32 {
             .and_then(|s| s.parse().ok())
             .unwrap_or(300.0),
     );
+    if !gradwire_transport::mpi::launched_by_mpi() {
+        // Outside a launcher, from_env declines without initializing MPI.
+        assert!(
+            matches!(Mpi::from_env(), Ok(None)),
+            "from_env outside mpirun"
+        );
+    }
     let exe = std::env::current_exe().expect("own path");
     let mut failed = 0;
     for np in nps {
