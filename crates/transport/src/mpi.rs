@@ -13,9 +13,22 @@
 //! ```
 //!
 //! Each process calls [`Mpi::from_env`] (or [`Mpi::init`]) once: MPI initializes once per
-//! process, so a second call fails with [`Error::Env`]. Ranks and world size are those of
-//! `MPI_COMM_WORLD`; the transport talks on its own duplicate of it, so it never matches
-//! messages of other MPI code in the same program.
+//! process, so a second call fails with [`Error::Env`].
+//!
+//! ```no_run
+//! use gradwire_transport::{mpi::Mpi, Transport};
+//! let mut t = Mpi::from_env()?.expect("start me with mpirun -np N or srun -n N");
+//! let (me, n) = (t.rank(), t.world_size());
+//! let mut got = Vec::new();
+//! t.send_recv((me + 1) % n, b"hello", (me + n - 1) % n, &mut got)?;
+//! # Ok::<(), gradwire_transport::Error>(())
+//! ```
+//!
+//! Ranks and world size are those of `MPI_COMM_WORLD`; the transport talks on its own
+//! duplicate of it, so it never matches messages of other MPI code in the same program.
+//! [`Mpi::from_env`] recognizes a launcher by `OMPI_COMM_WORLD_SIZE`, `PMIX_RANK`,
+//! `PMI_RANK`/`PMI_SIZE` or `MPI_LOCALNRANKS`; under `srun` that means an MPI plugin
+//! (`--mpi=pmix` or `pmi2`), since plain `SLURM_PROCID` does not make an MPI job.
 //!
 //! # How messages move
 //!
@@ -41,11 +54,13 @@
 //!   `MPI_Abort`. This needs the sender to stop half-way through a message, which our sends
 //!   never do short of a crash.
 //!
-//! The transport's communicator uses `MPI_ERRORS_RETURN`, so a failing MPI call becomes
+//! The transport's communicator uses `MPI_ERRORS_RETURN` (set through `mpi::ffi`, since
+//! rsmpi 0.8 has no safe call for error handlers), so a failing MPI call becomes
 //! [`Error::Mpi`] naming the peer and carrying MPI's error string. Where MPI gives no chance
 //! to name anything: under Open MPI (and MPICH) a rank that *dies* ends the whole job — the
-//! launcher (`mpirun`/`srun`) sees the process exit and kills every rank — so a dead peer is
-//! reported by the launcher, not by [`Error::PeerClosed`]; only a stalled (alive) peer
+//! launcher (`mpirun`/`srun`) sees the process exit and kills every rank (checked with Open
+//! MPI 4.1: a rank killed mid-run ends the job within a second, `mpirun` naming the rank and
+//! signal) — so a dead peer is reported by the launcher, not by [`Error::PeerClosed`]; only a stalled (alive) peer
 //! reaches our [`Error::Timeout`]. [`Mpi::native_all_reduce_f32`] is a blocking MPI
 //! collective with no deadline at all. After an error, drop the transport: messages of the
 //! failed call may still arrive later.
