@@ -129,6 +129,16 @@ pub enum Error {
         /// What was out of order.
         what: &'static str,
     },
+    /// An MPI call failed (feature `mpi`); `peer` is the rank of the point-to-point call.
+    #[error("MPI error{}: {message}", .peer.map(|p| format!(" with rank {p}")).unwrap_or_default())]
+    Mpi {
+        /// The peer of the failed call, if it had one.
+        peer: Option<usize>,
+        /// MPI's error code.
+        code: i32,
+        /// MPI's error string and the call that failed.
+        message: String,
+    },
     /// The environment did not describe a valid rank.
     #[error("environment: {reason}")]
     Env {
@@ -150,6 +160,7 @@ impl Error {
             | Error::PeerFailed { peer, .. }
             | Error::PeerDied { peer, .. }
             | Error::BadRing { peer, .. } => Some(*peer),
+            Error::Mpi { peer, .. } => *peer,
             Error::InvalidRank { .. }
             | Error::Rendezvous { .. }
             | Error::Misuse { .. }

@@ -9,6 +9,8 @@
 //! use) and [`tcp`] (a full mesh over TCP with rendezvous at rank 0 and a shared-token
 //! handshake), and `shm` (ranks of one host through shared-memory rings).
 //! [`link::Throttled`] wraps any of them to emulate a slower network.
+//! With feature `mpi`, `mpi::Mpi` runs each rank as one process of an MPI job: start it with
+//! `mpirun -np N prog` or `srun -n N prog` and call `Mpi::from_env()` (see the `mpi` module).
 //!
 //! Glossary: a *rank* is one member of the job, numbered `0..world_size`; *peer* is only used
 //! for "the other rank" of a point-to-point call.
@@ -31,6 +33,8 @@ pub mod env;
 mod error;
 pub mod link;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 #[cfg(unix)]
 pub mod shm;
 pub mod tcp;
