@@ -95,3 +95,52 @@ fn known_sizes_and_names() {
         assert_eq!(g.len(), m.num_params());
     }
 }
+
+/// Tensor names, burn shapes and roles, as the codecs need them (per-column 1-bit SGD and
+/// adaptive quantization, TernGrad's float output layer, DGC's dense 1-D tensors).
+#[test]
+fn tensors_carry_names_shapes_and_roles() {
+    use gradwire_train::TensorRole::*;
+    let lenet = ModelKind::LeNet.build(FMNIST, 0).unwrap();
+    let got: Vec<(String, Vec<usize>, gradwire_train::TensorRole)> = lenet
+        .tensors()
+        .into_iter()
+        .map(|t| (t.name, t.shape, t.role))
+        .collect();
+    let want = [
+        ("conv1.weight", vec![6, 1, 5, 5], ConvWeight),
+        ("conv1.bias", vec![6], Bias),
+        ("conv2.weight", vec![16, 6, 5, 5], ConvWeight),
+        ("conv2.bias", vec![16], Bias),
+        ("fc1.weight", vec![400, 120], LinearWeight),
+        ("fc1.bias", vec![120], Bias),
+        ("fc2.weight", vec![120, 84], LinearWeight),
+        ("fc2.bias", vec![84], Bias),
+        ("fc3.weight", vec![84, 10], Output),
+        ("fc3.bias", vec![10], Output),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((g.0.as_str(), &g.1, g.2), (w.0, &w.1, w.2));
+    }
+    for kind in ModelKind::ALL {
+        let m = kind.build(shape_for(kind), 0).unwrap();
+        let t = m.tensors();
+        assert_eq!(
+            t.iter().map(|t| t.len()).collect::<Vec<_>>(),
+            m.layout(),
+            "{kind}"
+        );
+        let outputs = t.iter().filter(|t| t.role == Output).count();
+        assert_eq!(outputs, 2, "{kind}: the last linear layer's weight and bias");
+        assert_eq!(t.last().unwrap().role, Output, "{kind}");
+        let mut names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), t.len(), "{kind}: names are unique");
+    }
+    let lstm = ModelKind::CharLstm.build(DataShape::Text { vocab: 65 }, 0).unwrap();
+    let roles: Vec<_> = lstm.tensors().into_iter().map(|t| (t.name, t.role)).collect();
+    assert!(roles.iter().any(|(n, r)| n == "w_ih" && *r == LinearWeight), "{roles:?}");
+    assert!(roles.iter().any(|(n, r)| n.starts_with("embed") && *r == Other), "{roles:?}");
+}
