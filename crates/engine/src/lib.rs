@@ -80,6 +80,7 @@ pub use config::{
     TensorSpec,
 };
 pub use error::{Error, Result};
+pub use gradwire_codec::TensorRole;
 pub use gradwire_collective::CollectiveConfig;
 pub use handle::Handle;
 pub use stats::{

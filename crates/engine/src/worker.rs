@@ -24,8 +24,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use gradwire_codec::{BuildContext, Progress};
-use gradwire_collective::compressed::{Leg, QuantizedAllReduce};
+use gradwire_codec::{BuildContext, CodecConfig, Progress, TensorInfo};
+use gradwire_collective::compressed::{
+    Leg, PowerSgdAllReduce, QuantizedAllReduce, StripeAllReduce,
+};
 use gradwire_transport::Transport;
 
 use crate::config::{tensor_seed, EngineConfig, Policy, Strategy};
@@ -86,6 +88,8 @@ struct Adhoc {
 /// The canonical policy string of a registered tensor (compared across ranks).
 pub(crate) fn policy_string(p: &Policy, cfg: &EngineConfig) -> String {
     let mut s = format!("{}@{}", p.codec, p.strategy);
+    // The role reaches the codecs (TernGrad's output layer, DGC's 1-D tensors): compared too.
+    s.push_str(&format!(" role={:?}", p.tensor.role).to_ascii_lowercase());
     if let Some(m) = &cfg.momentum {
         s.push_str(&format!("+momentum({},{})", m.beta, m.nesterov));
     }
@@ -102,6 +106,20 @@ pub(crate) fn registered_descriptor(p: &Policy, cfg: &EngineConfig) -> Descripto
         shape: p.tensor.shape.iter().map(|&d| d as u64).collect(),
         policy: policy_string(p, cfg),
     }
+}
+
+/// The shape of a quantized ring chunk `r` of tensor `t`, when it is whole rows of it (a
+/// piece of a 1-D tensor is a 1-D tensor of the same role); `None` (element counts only)
+/// when the chunk cuts through rows.
+pub(crate) fn chunk_info(t: &TensorInfo, r: &std::ops::Range<usize>) -> Option<TensorInfo> {
+    if r.is_empty() {
+        return None;
+    }
+    if !t.is_matrix() {
+        return Some(TensorInfo::new([r.len()], t.role));
+    }
+    let col = t.column_len();
+    (r.start.is_multiple_of(col) && r.len().is_multiple_of(col)).then(|| t.rows(r.len() / col))
 }
 
 /// The policy string of an unregistered all-reduce (dense, no momentum).
@@ -169,43 +187,61 @@ impl Worker {
         let len = p.tensor.len();
         let (rank, world) = (self.rank, self.world);
         let seed = tensor_seed(self.cfg.seed, index);
-        let ctx = BuildContext {
-            seed,
-            rank,
-            world_size: world,
-            layout: vec![len],
-            ..Default::default()
+        let info = p.tensor.info();
+        let ctx = BuildContext::new(seed, rank, world, vec![len]).with_tensors(vec![info.clone()]);
+        let mut state = TensorState {
+            kind: Kind::Dense,
+            codec: None,
+            quantized: None,
+            stripe: None,
+            powersgd: None,
+            velocity: self.cfg.momentum.map(|_| vec![0.0; len]),
         };
-        let velocity = self.cfg.momentum.map(|_| vec![0.0; len]);
-        let (kind, codec, quantized) = match p.strategy {
-            Strategy::Dense | Strategy::Auto => (Kind::Dense, None, None),
-            Strategy::Gather => (Kind::Gather, Some(p.codec.build(&ctx)), None),
-            Strategy::Sparse => (Kind::Sparse, Some(p.codec.build(&ctx)), None),
+        match p.strategy {
+            Strategy::Dense | Strategy::Auto => {}
+            Strategy::Gather => {
+                state.kind = Kind::Gather;
+                state.codec = Some(p.codec.build(&ctx));
+            }
+            Strategy::Sparse => {
+                state.kind = Kind::Sparse;
+                state.codec = Some(p.codec.build(&ctx));
+            }
+            Strategy::Stripe => {
+                state.kind = Kind::Stripe;
+                state.stripe = Some(StripeAllReduce::new(&p.codec, &ctx, len));
+            }
+            Strategy::PowerSgd => {
+                let CodecConfig::PowerSgd(c) = &p.codec else {
+                    unreachable!("plan() admits only the powersgd codec under powersgd")
+                };
+                state.kind = Kind::PowerSgd;
+                state.powersgd = Some(PowerSgdAllReduce::new(c, &ctx, len));
+            }
             Strategy::Quantized => {
                 let codec = p.codec.clone();
                 let q = QuantizedAllReduce::new(len, rank, world, |leg, chunk| {
-                    let n = gradwire_collective::chunks::range(len, world, chunk).len();
+                    let r = gradwire_collective::chunks::range(len, world, chunk);
                     let leg_no: u64 = match leg {
                         Leg::ReduceScatter => 0,
                         Leg::AllGather => 1,
                     };
-                    codec.build(&BuildContext {
-                        seed: seed ^ ((leg_no + 1) << 40) ^ ((chunk as u64) << 20),
+                    let c = BuildContext::new(
+                        seed ^ ((leg_no + 1) << 40) ^ ((chunk as u64) << 20),
                         rank,
-                        world_size: world,
-                        layout: vec![n],
-                        ..Default::default()
+                        world,
+                        vec![r.len()],
+                    );
+                    codec.build(&match chunk_info(&info, &r) {
+                        Some(t) => c.with_tensors(vec![t]),
+                        None => c,
                     })
                 });
-                (Kind::Quantized, None, Some(q))
+                state.kind = Kind::Quantized;
+                state.quantized = Some(q);
             }
-        };
-        TensorState {
-            kind,
-            codec,
-            quantized,
-            velocity,
         }
+        state
     }
 
     fn push_entry(&mut self, desc: Descriptor, state: TensorState) -> usize {
@@ -452,6 +488,8 @@ impl Worker {
                     kind,
                     codec: None,
                     quantized: None,
+                    stripe: None,
+                    powersgd: None,
                     velocity: None,
                 },
             );

@@ -65,6 +65,8 @@ fn timeline_has_every_phase_and_merges() {
     let cfg = EngineConfig {
         timeline: true,
         codec: "qsgd".parse().unwrap(),
+        // Gather has separate encode / decode phases (stripe's are inside its all-reduce).
+        strategy: crate::Strategy::Gather,
         ..Default::default()
     };
     let tensors = vec![TensorSpec::new("a", [50]), TensorSpec::new("b", [70])];

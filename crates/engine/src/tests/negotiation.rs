@@ -87,8 +87,12 @@ fn handles_complete_when_waited_in_any_order() {
 
 #[test]
 fn registration_mismatch_names_tensor_and_ranks() {
-    let cases: [(&str, usize, &str); 3] =
-        [("shape", 1, "fc.w"), ("name", 2, "fc.w"), ("codec", 1, "b")];
+    let cases: [(&str, usize, &str); 4] = [
+        ("shape", 1, "fc.w"),
+        ("name", 2, "fc.w"),
+        ("codec", 1, "b"),
+        ("role", 2, "fc.w"),
+    ];
     for (field, odd, tensor) in cases {
         let t0 = Instant::now();
         let errs = world(3, |t| {
@@ -99,6 +103,7 @@ fn registration_mismatch_names_tensor_and_ranks() {
                 match field {
                     "shape" => tensors[1].shape = vec![4, 3],
                     "name" => tensors[1].name = "fc.weight".into(),
+                    "role" => tensors[1].role = crate::TensorRole::Output,
                     _ => cfg.codec = "topk:ratio=0.5".parse().unwrap(),
                 }
             }
