@@ -1,5 +1,6 @@
 //! Runs the engine bench (`engine` vs `per_tensor` vs `flat`) on a `Local` world of threads:
-//! `cargo run --release -p gradwire-engine --example bench_engine -- [NP] [REPS] [canonical|tree|collective]`.
+//! `cargo run --release -p gradwire-engine --example bench_engine -- [NP] [REPS] [canonical|tree|collective] [CASE]`
+//! (`CASE`: `lenet`, `lstm` or `many-small`; default all).
 
 use gradwire_engine::bench::{run, BenchCase};
 use gradwire_engine::{DenseAlgorithm, EngineConfig};
@@ -14,12 +15,16 @@ fn main() {
         Some("collective") => DenseAlgorithm::Collective,
         _ => DenseAlgorithm::Canonical,
     };
+    let only = args.next();
     let config = EngineConfig {
         dense,
         ..Default::default()
     };
     println!("dense algorithm: {dense:?}");
     for case in BenchCase::ALL {
+        if only.as_deref().is_some_and(|c| c != case.name()) {
+            continue;
+        }
         let results: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = Local::world(np)
                 .into_iter()
