@@ -167,6 +167,18 @@ impl Exec {
         }
     }
 
+    /// The fusion buffer, emptied (give it back with [`Exec::give_back`]).
+    pub(crate) fn take_fused(&mut self) -> Vec<f32> {
+        let mut f = std::mem::take(&mut self.fused);
+        f.clear();
+        f
+    }
+
+    /// Returns the fusion buffer taken by [`Exec::take_fused`].
+    pub(crate) fn give_back(&mut self, fused: Vec<f32>) {
+        self.fused = fused;
+    }
+
     /// Runs one group (all items of one kind) and leaves each item's result in its `data`.
     pub(crate) fn run(
         &mut self,

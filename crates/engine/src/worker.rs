@@ -30,13 +30,14 @@ use gradwire_collective::compressed::{
 };
 use gradwire_transport::Transport;
 
-use crate::config::{tensor_seed, EngineConfig, Policy, Strategy};
+use crate::config::{tensor_seed, DenseAlgorithm, EngineConfig, Policy, Strategy};
 use crate::error::{Error, Result};
 use crate::fusion::{plan_groups, Clock, Exec, Item, Kind, TensorState};
 use crate::handle::Slot;
 use crate::stats::{EngineStats, StallReport, StragglerRecord};
 use crate::timeline::{now_us, Phase, Span};
-use crate::wire::{Descriptor, Message, OpKind};
+use crate::wire::{Descriptor, Message, OpKind, Reader};
+use gradwire_collective::Algorithm;
 
 /// One submitted operation, waiting in the queue or pending negotiation.
 pub(crate) struct Submission {
@@ -145,7 +146,16 @@ pub(crate) struct Worker {
     rd_send: Vec<u8>,
     rd_recv: Vec<u8>,
     announced_shutdown: bool,
+    /// The speculative batch (see [`Worker::negotiate`]): ids of the registered dense
+    /// tensors, when they qualify; empty otherwise. The same on every rank.
+    spec: Vec<usize>,
+    /// Each rank's part of the speculative batch's owned chunk, `world * chunk` floats.
+    spec_parts: Vec<f32>,
 }
+
+/// The speculative batch's size limit: larger batches are bandwidth-bound, where saving a
+/// round does not matter and a failed speculation would waste a real transfer.
+const SPEC_MAX_BYTES: usize = 1 << 20;
 
 impl Worker {
     pub(crate) fn new(
@@ -174,11 +184,27 @@ impl Worker {
             rd_send: Vec::new(),
             rd_recv: Vec::new(),
             announced_shutdown: false,
+            spec: Vec::new(),
+            spec_parts: Vec::new(),
         };
         for (i, p) in policies.iter().enumerate() {
             let state = w.build_state(i, p);
             let desc = registered_descriptor(p, &w.cfg);
             w.push_entry(desc, state);
+        }
+        // Speculation needs the canonical sum (the only dense algorithm whose owner-side
+        // rank-order sum the combined round reproduces), no momentum, and a batch the normal
+        // path would fuse into one group anyway.
+        let ids: Vec<usize> = (0..w.states.len())
+            .filter(|&id| w.states[id].kind == Kind::Dense && w.states[id].velocity.is_none())
+            .collect();
+        let bytes: usize = ids.iter().map(|&id| 4 * w.entries[id].len).sum();
+        if world > 1
+            && w.cfg.dense == DenseAlgorithm::Canonical
+            && !ids.is_empty()
+            && bytes <= w.cfg.fusion_bytes.min(SPEC_MAX_BYTES)
+        {
+            w.spec = ids;
         }
         w
     }
@@ -381,13 +407,12 @@ impl Worker {
         );
         msg.encode(&mut self.msg_buf);
         let before = self.t.bytes_sent();
-        crate::rd_gather::all_gather_small(
-            &mut *self.t,
-            &self.msg_buf,
-            &mut self.gathered,
-            &mut self.rd_send,
-            &mut self.rd_recv,
-        )?;
+        let fresh = msg
+            .new_ready
+            .iter()
+            .any(|(id, _)| self.spec.binary_search(&(*id as usize)).is_ok());
+        let spec = self.negotiate(fresh)?;
+        let spec_bytes = spec.as_ref().map_or(0, |(_, b)| *b);
         let negotiated_us = now_us();
         let msgs = self
             .gathered
@@ -397,8 +422,13 @@ impl Worker {
             .collect::<Result<Vec<_>>>()?;
         {
             let mut st = lock(&self.shared.stats);
-            st.bytes.negotiation_bytes += self.t.bytes_sent().saturating_sub(before);
+            st.bytes.negotiation_bytes += self
+                .t
+                .bytes_sent()
+                .saturating_sub(before)
+                .saturating_sub(spec_bytes);
             st.cycles += 1;
+            st.speculative_rounds += u64::from(spec.is_some());
         }
         let now = msgs.iter().map(|m| m.now_us).max().unwrap_or(msg.now_us);
         let all_shutdown = msgs.iter().all(|m| m.shutdown);
@@ -435,12 +465,124 @@ impl Worker {
             .collect();
         self.complete_adhoc(&mut ready);
         self.inspect(&msgs, now)?;
+        if let Some((fused, bytes)) = spec {
+            // Every rank sent the batch, so every rank had all of it pending: it is ready.
+            debug_assert!(self.spec.iter().all(|id| ready.contains(id)));
+            ready.retain(|id| self.spec.binary_search(id).is_err());
+            let group = self.spec.clone();
+            self.run_group(&group, negotiated_us, Some((fused, bytes)))?;
+        }
         self.execute(&ready, negotiated_us)?;
         if all_shutdown {
             self.fail_unmatched(&msgs);
             return Ok(false);
         }
         Ok(true)
+    }
+
+    /// The negotiation round: every rank's message reaches every rank (`self.gathered`).
+    ///
+    /// Steady state without a second round (the speculative batch): when the registered dense
+    /// tensors qualify (`self.spec`, the same on every rank), the round is the canonical
+    /// reduce-scatter's pairwise exchange (`P-1` steps, rank `r` sends to `r+s` and receives
+    /// from `r-s`, so every rank hears from every other) and each message carries the
+    /// negotiation message, plus, when this rank has the whole batch pending and some of it
+    /// was submitted this cycle (`fresh`), its part of the fused batch for the receiver's
+    /// chunk. If every rank sent its parts, every rank had the whole batch pending, so it is
+    /// ready everywhere, and each owner sums its chunk in rank order exactly as
+    /// [`crate::dense`] does: the result is bit for bit the normal path's, one negotiation
+    /// round (`log2 P` steps on power-of-two worlds) earlier. Otherwise the parts are dropped
+    /// (every rank sees the same flags) and the cycle goes on as usual. Without a speculative
+    /// batch: the small all-gather of `rd_gather`.
+    ///
+    /// Returns the fused batch with this rank's chunk reduced, and the part bytes sent.
+    fn negotiate(&mut self, fresh: bool) -> Result<Option<(Vec<f32>, u64)>> {
+        let (rank, world) = (self.rank, self.world);
+        if self.spec.is_empty() {
+            crate::rd_gather::all_gather_small(
+                &mut *self.t,
+                &self.msg_buf,
+                &mut self.gathered,
+                &mut self.rd_send,
+                &mut self.rd_recv,
+            )?;
+            return Ok(None);
+        }
+        let attach = fresh
+            && self
+                .spec
+                .iter()
+                .all(|&id| self.pending.contains_key(&self.entries[id].desc.name));
+        let mut fused = self.exec.take_fused();
+        if attach {
+            for &id in &self.spec {
+                let (sub, _) = &self.pending[&self.entries[id].desc.name];
+                fused.extend_from_slice(&sub.data);
+            }
+        }
+        let len: usize = self.spec.iter().map(|&id| self.entries[id].len).sum();
+        let mine = gradwire_collective::chunks::range(len, world, rank);
+        let m = mine.len();
+        self.spec_parts.clear();
+        self.spec_parts.resize(world * m, 0.0);
+        if attach {
+            self.spec_parts[rank * m..(rank + 1) * m].copy_from_slice(&fused[mine.clone()]);
+        }
+        self.gathered.resize_with(world, Vec::new);
+        self.gathered[rank].clear();
+        self.gathered[rank].extend_from_slice(&self.msg_buf);
+        let mut all = attach;
+        let mut part_bytes = 0u64;
+        for s in 1..world {
+            let (to, from) = ((rank + s) % world, (rank + world - s) % world);
+            let send = &mut self.rd_send;
+            send.clear();
+            send.extend_from_slice(&(self.msg_buf.len() as u32).to_le_bytes());
+            send.extend_from_slice(&self.msg_buf);
+            send.push(u8::from(attach));
+            if attach {
+                let part = &fused[gradwire_collective::chunks::range(len, world, to)];
+                send.extend_from_slice(bytemuck::cast_slice(part));
+                part_bytes += 4 * part.len() as u64;
+            }
+            self.t
+                .send_recv(to, send, from, &mut self.rd_recv)
+                .map_err(gradwire_collective::Error::from)?;
+            let mut r = Reader::new(from, &self.rd_recv);
+            let n = r.u32()? as usize;
+            let b = r.bytes(n)?;
+            self.gathered[from].clear();
+            self.gathered[from].extend_from_slice(b);
+            match r.u8()? {
+                0 => all = false,
+                1 => {
+                    let b = r.bytes(4 * m)?;
+                    for (x, c) in self.spec_parts[from * m..(from + 1) * m]
+                        .iter_mut()
+                        .zip(b.chunks_exact(4))
+                    {
+                        *x = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                    }
+                }
+                _ => return Err(r.err("bad speculation flag")),
+            }
+            if r.remaining() != 0 {
+                return Err(r.err("trailing bytes in a negotiation exchange"));
+            }
+        }
+        if !all {
+            self.exec.give_back(fused);
+            return Ok(None);
+        }
+        let n = world as f32;
+        for (k, out) in fused[mine].iter_mut().enumerate() {
+            let mut acc = self.spec_parts[k];
+            for r in 1..world {
+                acc += self.spec_parts[r * m + k];
+            }
+            *out = acc / n;
+        }
+        Ok(Some((fused, part_bytes)))
     }
 
     /// Checks and caches the uncached tensors every rank has now requested.
@@ -578,12 +720,20 @@ impl Worker {
             .collect();
         for mut group in plan_groups(&plan, self.cfg.fusion_bytes) {
             group.sort_unstable();
-            self.run_group(&group, negotiated_us)?;
+            self.run_group(&group, negotiated_us, None)?;
         }
         Ok(())
     }
 
-    fn run_group(&mut self, group: &[usize], negotiated_us: u64) -> Result<()> {
+    /// Runs one group; `reduced`: the speculative batch's buffer, whose owned chunk the
+    /// combined round has already reduced (only the all-gather is left), with the bytes that
+    /// round sent for it.
+    fn run_group(
+        &mut self,
+        group: &[usize],
+        negotiated_us: u64,
+        reduced: Option<(Vec<f32>, u64)>,
+    ) -> Result<()> {
         let start = now_us();
         let mut subs: Vec<Submission> = group
             .iter()
@@ -597,9 +747,30 @@ impl Worker {
             })
             .collect();
         let kind = self.states[group[0]].kind;
+        let spec_sent = reduced.as_ref().map_or(0, |(_, b)| *b);
         let mut clock = Clock::start();
         let before = self.t.bytes_sent();
-        let res = {
+        let res = if let Some((mut fused, _)) = reduced {
+            clock.mark(Phase::Fuse);
+            let r = gradwire_collective::all_gather(
+                &mut *self.t,
+                &mut fused,
+                Algorithm::Rabenseifner,
+                self.cfg.collective.segment_bytes(),
+            );
+            clock.mark(Phase::Wire);
+            if r.is_ok() {
+                let mut off = 0;
+                for s in subs.iter_mut() {
+                    let n = s.data.len();
+                    s.data.copy_from_slice(&fused[off..off + n]);
+                    off += n;
+                }
+            }
+            clock.mark(Phase::Unfuse);
+            self.exec.give_back(fused);
+            r.map_err(Error::from)
+        } else {
             let mut items: Vec<Item<'_>> = Vec::with_capacity(group.len());
             let mut subs_it = subs.iter_mut();
             for (id, state) in self.states.iter_mut().enumerate() {
@@ -619,7 +790,7 @@ impl Worker {
                 &mut clock,
             )
         };
-        let wire = self.t.bytes_sent().saturating_sub(before);
+        let wire = self.t.bytes_sent().saturating_sub(before) + spec_sent;
         if let Err(e) = res {
             for s in subs {
                 s.slot.complete(Err(e.clone()));
