@@ -38,7 +38,7 @@ fn main() {
         let r = &results[0];
         println!(
             "{:<11} np={np} tensors={:<5} engine {:>8.3} ms  per_tensor {:>8.3} ms  flat {:>8.3} ms  \
-             engine vs per_tensor {:.2}x  vs flat {:.2}x  (rounds {:.1}, collectives {:.1})",
+             engine vs per_tensor {:.2}x  vs flat {:.2}x  (rounds {:.1}, collectives {:.1}, speculative {:.2})",
             r.case,
             r.tensors,
             r.engine_ms,
@@ -47,7 +47,8 @@ fn main() {
             r.speedup_vs_per_tensor(),
             r.speedup_vs_flat(),
             r.engine_rounds,
-            r.engine_collectives
+            r.engine_collectives,
+            r.engine_speculative
         );
     }
 }

@@ -5,6 +5,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::worker::Shared;
 
 /// Where the progress thread leaves an operation's outcome.
 #[derive(Debug, Default)]
@@ -24,34 +25,23 @@ impl Slot {
     }
 }
 
-/// How long [`Handle::wait`] polls before parking.
-const SPIN: Duration = Duration::from_micros(50);
-
-impl Slot {
-    /// Polls for the outcome for up to `spin`, yielding between polls.
-    fn poll(&self, spin: Duration) -> Option<Result<Vec<f32>>> {
-        let t0 = std::time::Instant::now();
-        loop {
-            if let Ok(mut s) = self.state.try_lock() {
-                if let Some(r) = s.take() {
-                    return Some(r);
-                }
-            }
-            if t0.elapsed() >= spin {
-                return None;
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// One pending operation. [`Handle::wait`] blocks until the reduced tensor is back;
 /// [`Handle::test`] polls.
 #[must_use = "an operation's result is only reachable through its handle"]
-#[derive(Debug)]
 pub struct Handle {
     slot: Arc<Slot>,
     name: Arc<str>,
+    /// The engine, so that a waiting thread can run a cycle itself.
+    driver: Option<Arc<Shared>>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("name", &self.name)
+            .field("done", &self.test())
+            .finish()
+    }
 }
 
 impl Handle {
@@ -61,9 +51,15 @@ impl Handle {
             Handle {
                 slot: slot.clone(),
                 name,
+                driver: None,
             },
             slot,
         )
+    }
+
+    pub(crate) fn with_driver(mut self, shared: Arc<Shared>) -> Handle {
+        self.driver = Some(shared);
+        self
     }
 
     /// A handle that is already complete (with an error found at submission).
@@ -90,10 +86,12 @@ impl Handle {
     /// Blocks until the operation completes and returns its result (the reduced tensor,
     /// the gathered concatenation, or the broadcast buffer).
     pub fn wait(self) -> Result<Vec<f32>> {
-        // Small models' results come back within tens of µs of the wait: poll briefly
-        // (yielding the core) before parking on the condvar, to save a futex wake-up.
-        if let Some(r) = self.slot.poll(SPIN) {
-            return r;
+        // Run the cycle here when this rank's burst is flushed and the progress thread is not
+        // in a round (saves two thread hand-offs); else wait for the progress thread.
+        if let Some(d) = &self.driver {
+            if !self.test() {
+                d.drive();
+            }
         }
         let mut s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {

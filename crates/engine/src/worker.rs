@@ -15,6 +15,12 @@
 //! 3. **execute** the ready tensors in id order, fused per kind ([`crate::fusion`]);
 //! 4. end when every rank's message carried the shutdown flag.
 //!
+//! Latency on small models: a thread blocked in [`crate::Handle::wait`] after a flush runs
+//! the cycle itself when the progress thread is not in one ([`Shared::drive`]; no hand-off
+//! to the progress thread and back), and when the registered dense tensors are all submitted
+//! together, their canonical reduce-scatter rides the negotiation round
+//! ([`Worker::negotiate`]; one round fewer, the same bits).
+//!
 //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
 //! missing ranks (stalls) in the same round. "Now" for stall decisions is the largest clock
@@ -51,6 +57,10 @@ pub(crate) struct Submission {
 /// What the user side and the progress thread share.
 pub(crate) struct Shared {
     pub queue: Mutex<Queue>,
+    /// The worker, between cycles (`None` once it has exited).
+    pub worker: Mutex<Option<Worker>>,
+    /// [`EngineConfig::cycle_time`] (at least 50 µs).
+    pub cycle: Duration,
     pub wake: Condvar,
     pub stats: Mutex<EngineStats>,
     pub spans: Mutex<Vec<Span>>,
@@ -151,6 +161,97 @@ pub(crate) struct Worker {
     spec: Vec<usize>,
     /// Each rank's part of the speculative batch's owned chunk, `world * chunk` floats.
     spec_parts: Vec<f32>,
+    /// When this rank last joined a round.
+    last: Instant,
+}
+
+/// A cycle failed: every queued and pending operation gets the error, the engine is marked
+/// exited, and the worker (with the transport) is dropped so that peers see this rank gone.
+fn fail(slot: &mut Option<Worker>, e: Error) {
+    let Some(mut w) = slot.take() else {
+        return;
+    };
+    tracing::error!(rank = w.rank, "engine failed: {e}");
+    let mut q = lock(&w.shared.queue);
+    q.exited = true;
+    q.fatal = Some(e.clone());
+    for s in q.subs.drain(..) {
+        s.slot.complete(Err(e.clone()));
+    }
+    drop(q);
+    for (_, (s, _)) in w.pending.drain() {
+        s.slot.complete(Err(e.clone()));
+    }
+    w.shared.wake.notify_all();
+}
+
+impl Shared {
+    /// The progress thread's wait (Horovod's cycle): until this rank has a complete burst of
+    /// submissions, a shutdown to announce, or `period` since `last`. A burst (a backward
+    /// pass handing over its gradients one by one) should reach one round together: once
+    /// something is queued, wait until the queue has been quiet for `gap`, or a flush, or
+    /// `cycle` since the burst began.
+    fn wait_for_work(&self, period: Duration, announced: bool, last: Instant) {
+        let gap =
+            |c: Duration| (c / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
+        let mut q = lock(&self.queue);
+        let mut burst: Option<Instant> = None;
+        loop {
+            if q.exited || (q.shutdown && !announced) {
+                return;
+            }
+            let queued = q.subs.len();
+            let wait = if queued == 0 {
+                burst = None;
+                let elapsed = last.elapsed();
+                if elapsed >= period {
+                    return; // a round the others may be waiting in
+                }
+                period - elapsed
+            } else {
+                let c = self.cycle;
+                let began = *burst.get_or_insert_with(Instant::now);
+                if q.flush || began.elapsed() >= c {
+                    return;
+                }
+                gap(c).min(c - began.elapsed())
+            };
+            q = self
+                .wake
+                .wait_timeout(q, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if queued > 0 && q.subs.len() == queued {
+                return;
+            }
+        }
+    }
+
+    /// Runs one cycle on the calling thread (one blocked in [`crate::Handle::wait`]) when
+    /// the progress thread is not in one and this rank's burst is complete (flushed): saves
+    /// the hand-offs to the progress thread and back. `false`: nothing run.
+    pub(crate) fn drive(&self) -> bool {
+        let Ok(mut g) = self.worker.try_lock() else {
+            return false;
+        };
+        let Some(w) = g.as_mut() else {
+            return false;
+        };
+        let subs = {
+            let mut q = lock(&self.queue);
+            if q.shutdown || q.exited || !q.flush || q.subs.is_empty() {
+                return false;
+            }
+            q.flush = false;
+            std::mem::take(&mut q.subs)
+        };
+        w.last = Instant::now();
+        // Not a shutdown announcement, so never the last round.
+        if let Err(e) = w.cycle(subs, false) {
+            fail(&mut g, e);
+        }
+        true
+    }
 }
 
 /// The speculative batch's size limit: larger batches are bandwidth-bound, where saving a
@@ -186,6 +287,7 @@ impl Worker {
             announced_shutdown: false,
             spec: Vec::new(),
             spec_parts: Vec::new(),
+            last: Instant::now(),
         };
         for (i, p) in policies.iter().enumerate() {
             let state = w.build_state(i, p);
@@ -280,90 +382,67 @@ impl Worker {
         id
     }
 
-    /// Runs cycles until shutdown or failure; gives the transport back after a clean
-    /// shutdown (dropped after a failure, so that peers see this rank gone).
-    pub(crate) fn run(mut self) -> Option<Box<dyn Transport>> {
-        let mut last = Instant::now();
+    /// The progress thread: runs cycles until shutdown or failure; gives the transport back
+    /// after a clean shutdown (dropped after a failure, so that peers see this rank gone).
+    ///
+    /// The worker sits in `shared.worker` so that a thread blocked in [`crate::Handle::wait`]
+    /// can run a cycle itself once its burst is flushed (see [`Shared::drive`]): this thread
+    /// waits for work without holding it, then locks it and re-checks (someone may have run
+    /// the cycle meanwhile).
+    pub(crate) fn run(shared: Arc<Shared>) -> Option<Box<dyn Transport>> {
         loop {
-            let (subs, shutdown) = self.wait_for_cycle(&mut last);
-            match self.cycle(subs, shutdown) {
+            let (period, announced, last) = {
+                let g = lock(&shared.worker);
+                // None: failed in a cycle a waiting thread ran.
+                let w = g.as_ref()?;
+                (w.idle_period(), w.announced_shutdown, w.last)
+            };
+            shared.wait_for_work(period, announced, last);
+            let mut g = lock(&shared.worker);
+            let w = g.as_mut()?;
+            let (subs, shutdown) = {
+                let mut q = lock(&shared.queue);
+                let due = w.last.elapsed() >= w.idle_period();
+                let announce = q.shutdown && !w.announced_shutdown;
+                if q.subs.is_empty() && !due && !announce {
+                    continue; // a waiting thread ran the cycle
+                }
+                q.flush = false;
+                w.announced_shutdown |= q.shutdown;
+                (std::mem::take(&mut q.subs), q.shutdown)
+            };
+            w.last = Instant::now();
+            match w.cycle(subs, shutdown) {
                 Ok(true) => {}
                 Ok(false) => {
-                    let mut q = lock(&self.shared.queue);
+                    let w = g.take().expect("checked above");
+                    let mut q = lock(&shared.queue);
                     q.exited = true;
                     for s in q.subs.drain(..) {
                         s.slot.complete(Err(Error::ShutDown));
                     }
                     drop(q);
-                    return Some(self.t);
+                    return Some(w.t);
                 }
                 Err(e) => {
-                    tracing::error!(rank = self.rank, "engine failed: {e}");
-                    let mut q = lock(&self.shared.queue);
-                    q.exited = true;
-                    q.fatal = Some(e.clone());
-                    for s in q.subs.drain(..) {
-                        s.slot.complete(Err(e.clone()));
-                    }
-                    drop(q);
-                    for (_, (s, _)) in self.pending.drain() {
-                        s.slot.complete(Err(e.clone()));
-                    }
+                    fail(&mut g, e);
                     return None;
                 }
             }
         }
     }
 
-    fn wait_for_cycle(&mut self, last: &mut Instant) -> (Vec<Submission>, bool) {
+    /// How long without submissions before this rank joins a round anyway: `cycle` with
+    /// tensors pending here (they may become ready any moment), ten cycles otherwise (the
+    /// others only need us for stall inspection and shutdown: a submission of ours starts a
+    /// round at once).
+    fn idle_period(&self) -> Duration {
         let cycle = self.cfg.cycle_time.max(Duration::from_micros(50));
-        // A burst of submissions (a backward pass handing over its gradients one by one)
-        // should reach one round together: once something is queued, wait until the queue
-        // has been quiet for `gap`, or a flush, or `cycle` since the burst began.
-        let gap = (cycle / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
-        let mut q = lock(&self.shared.queue);
-        let mut burst: Option<Instant> = None;
-        loop {
-            if q.shutdown && !self.announced_shutdown {
-                break;
-            }
-            let queued = q.subs.len();
-            let wait = if queued == 0 {
-                // With tensors pending here, rounds every `cycle` (they may become ready
-                // any moment); with nothing pending, idle rounds ten times less often (the
-                // others only need us for stall inspection and shutdown: a submission of
-                // ours starts a round at once).
-                let period = if self.pending.is_empty() {
-                    cycle * 10
-                } else {
-                    cycle
-                };
-                let elapsed = last.elapsed();
-                if elapsed >= period {
-                    break; // a round the others may be waiting in
-                }
-                period - elapsed
-            } else {
-                let began = *burst.get_or_insert_with(Instant::now);
-                if q.flush || began.elapsed() >= cycle {
-                    break;
-                }
-                gap.min(cycle - began.elapsed())
-            };
-            q = self
-                .shared
-                .wake
-                .wait_timeout(q, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            if queued > 0 && q.subs.len() == queued {
-                break;
-            }
+        if self.pending.is_empty() {
+            cycle * 10
+        } else {
+            cycle
         }
-        *last = Instant::now();
-        q.flush = false;
-        self.announced_shutdown |= q.shutdown;
-        (std::mem::take(&mut q.subs), q.shutdown)
     }
 
     /// One negotiation round and the execution of what it found ready. `Ok(false)`: done.
