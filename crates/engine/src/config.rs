@@ -403,6 +403,12 @@ impl Default for EngineConfig {
 /// The seed of registered tensor `index`'s codecs: `seed + index * 0x9E37_79B9_7F4A_7C15`
 /// (wrapping). A quantized tensor's leg codecs further use
 /// `tensor_seed ^ ((leg + 1) << 40) ^ (chunk << 20)` (leg 0 = reduce-scatter, 1 = all-gather).
+/// Every codec context carries the tensor's shape and role
+/// (`BuildContext::new(tensor_seed, rank, world, vec![len]).with_tensors(vec![spec.info()])`;
+/// a quantized chunk: its rows when it holds whole rows, else its length only). `Stripe` and
+/// `PowerSgd` tensors build `StripeAllReduce::new(codec, &ctx, len)` /
+/// `PowerSgdAllReduce::new(cfg, &ctx, len)` from that same context (the stripe plan salts
+/// its own seeds per stripe and leg).
 pub fn tensor_seed(seed: u64, index: usize) -> u64 {
     seed.wrapping_add((index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }

@@ -256,7 +256,7 @@ impl Shared {
 
 /// The speculative batch's size limit: larger batches are bandwidth-bound, where saving a
 /// round does not matter and a failed speculation would waste a real transfer.
-const SPEC_MAX_BYTES: usize = 1 << 20;
+const SPEC_MAX_BYTES: usize = 256 << 10;
 
 impl Worker {
     pub(crate) fn new(
