@@ -1,5 +1,6 @@
 //! Runs the engine bench (`engine` vs `per_tensor` vs `flat`) on a `Local` world of threads:
-//! `cargo run --release -p gradwire-engine --example bench_engine -- [NP] [REPS] [canonical|tree|collective]`.
+//! `cargo run --release -p gradwire-engine --example bench_engine -- [NP] [REPS] [canonical|tree|collective] [CASE]`
+//! (`CASE`: `lenet`, `lstm` or `many-small`; default all).
 
 use gradwire_engine::bench::{run, BenchCase};
 use gradwire_engine::{DenseAlgorithm, EngineConfig};
@@ -14,12 +15,16 @@ fn main() {
         Some("collective") => DenseAlgorithm::Collective,
         _ => DenseAlgorithm::Canonical,
     };
+    let only = args.next();
     let config = EngineConfig {
         dense,
         ..Default::default()
     };
     println!("dense algorithm: {dense:?}");
     for case in BenchCase::ALL {
+        if only.as_deref().is_some_and(|c| c != case.name()) {
+            continue;
+        }
         let results: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = Local::world(np)
                 .into_iter()
@@ -33,7 +38,7 @@ fn main() {
         let r = &results[0];
         println!(
             "{:<11} np={np} tensors={:<5} engine {:>8.3} ms  per_tensor {:>8.3} ms  flat {:>8.3} ms  \
-             engine vs per_tensor {:.2}x  vs flat {:.2}x  (rounds {:.1}, collectives {:.1})",
+             engine vs per_tensor {:.2}x  vs flat {:.2}x  (rounds {:.1}, collectives {:.1}, speculative {:.2})",
             r.case,
             r.tensors,
             r.engine_ms,
@@ -42,7 +47,8 @@ fn main() {
             r.speedup_vs_per_tensor(),
             r.speedup_vs_flat(),
             r.engine_rounds,
-            r.engine_collectives
+            r.engine_collectives,
+            r.engine_speculative
         );
     }
 }

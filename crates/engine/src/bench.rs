@@ -117,6 +117,9 @@ pub struct BenchResult {
     pub engine_rounds: f64,
     /// Engine mode: fused collectives per repetition (mean).
     pub engine_collectives: f64,
+    /// Engine mode: rounds per repetition that reduced the dense batch speculatively (mean).
+    #[serde(default)]
+    pub engine_speculative: f64,
 }
 
 impl BenchResult {
@@ -201,7 +204,7 @@ pub fn run<T: Transport + 'static>(
 
     let engine = Engine::start(transport, config, &tensors)?;
     let mut times = Vec::new();
-    let (mut rounds, mut groups) = (0u64, 0u64);
+    let (mut rounds, mut groups, mut spec) = (0u64, 0u64, 0u64);
     for rep in 0..=reps {
         engine.all_reduce("bench.barrier", vec![0.0]).wait()?;
         let s0 = engine.stats();
@@ -220,6 +223,7 @@ pub fn run<T: Transport + 'static>(
             let s1 = engine.stats();
             rounds += s1.cycles - s0.cycles;
             groups += s1.stragglers.collectives - s0.stragglers.collectives;
+            spec += s1.speculative_rounds - s0.speculative_rounds;
         }
     }
     let transport = engine.shutdown()?;
@@ -236,6 +240,7 @@ pub fn run<T: Transport + 'static>(
             flat_ms: median(flat),
             engine_rounds: rounds as f64 / reps as f64,
             engine_collectives: groups as f64 / reps as f64,
+            engine_speculative: spec as f64 / reps as f64,
         },
         transport,
     ))

@@ -20,7 +20,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use gradwire_codec::{BuildContext, Codec, CodecConfig, CodecId, SparseGrad};
+use gradwire_codec::{
+    BuildContext, Codec, CodecConfig, CodecId, SparseGrad, TensorInfo, TensorRole,
+};
 use gradwire_collective::CollectiveConfig;
 
 use crate::error::{Error, Result};
@@ -29,18 +31,28 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Chosen from the codec: `none` (without error feedback) → `Dense`; top-k, DGC,
-    /// threshold, random-k → `Sparse`; fp16, bf16 → `Quantized`; every other codec → `Gather`
-    /// (as `train/src/sync/compressed.rs` chose, plus the dense case).
+    /// threshold, random-k → `Sparse`; onebit, adaptive, qsgd, fp16, bf16 → `Stripe`;
+    /// powersgd (`variant=paper`) → `PowerSgd`; every other codec (terngrad, signsgd,
+    /// powersgd `variant=local`, `none` with error feedback) → `Gather`.
     #[default]
     Auto,
     /// Uncompressed fp32 mean (codec must be `none`), see [`DenseAlgorithm`].
     Dense,
     /// Encode per tensor, all-gather the payloads, decode each rank's (`GatherDecode`).
     Gather,
-    /// Dryden's quantized ring reduce-scatter + all-gather (`QuantizedAllReduce`).
+    /// Dryden's quantized ring reduce-scatter + all-gather (`QuantizedAllReduce`; `P`
+    /// quantizations in series). Only when asked for explicitly.
     Quantized,
     /// Sparse all-reduce of (index, value) pairs (`SparseAllReduce`).
     Sparse,
+    /// CNTK's 1-bit SGD stripes / Dryden's direct exchange (`StripeAllReduce`): each rank
+    /// quantizes its slice for each owner once, owners sum and re-quantize once, all-gather.
+    /// About `2 (P-1)/P` compressed gradients per rank instead of gather's `P-1`. For dense
+    /// quantizing codecs (onebit, adaptive, qsgd, terngrad, signsgd, fp16, bf16).
+    Stripe,
+    /// PowerSGD as published (`PowerSgdAllReduce`: all-reduces of `P` and `Q`); the
+    /// `powersgd` codec with `variant=paper` only.
+    PowerSgd,
 }
 
 impl fmt::Display for Strategy {
@@ -51,6 +63,8 @@ impl fmt::Display for Strategy {
             Strategy::Gather => "gather",
             Strategy::Quantized => "quantized",
             Strategy::Sparse => "sparse",
+            Strategy::Stripe => "stripe",
+            Strategy::PowerSgd => "powersgd",
         })
     }
 }
@@ -64,10 +78,13 @@ impl FromStr for Strategy {
             "gather" => Ok(Strategy::Gather),
             "quantized" => Ok(Strategy::Quantized),
             "sparse" => Ok(Strategy::Sparse),
+            "stripe" => Ok(Strategy::Stripe),
+            "powersgd" => Ok(Strategy::PowerSgd),
             other => Err(Error::InvalidSetting {
                 field: "strategy",
                 reason: format!(
-                    "unknown strategy '{other}' (auto, dense, gather, quantized, sparse)"
+                    "unknown strategy '{other}' (auto, dense, gather, quantized, sparse, \
+                     stripe, powersgd)"
                 ),
             }),
         }
@@ -83,7 +100,10 @@ impl Strategy {
                 CodecId::TopK | CodecId::Dgc | CodecId::Threshold | CodecId::RandomK => {
                     Strategy::Sparse
                 }
-                CodecId::Fp16 | CodecId::Bf16 => Strategy::Quantized,
+                id if stripes(id) && !matches!(id, CodecId::TernGrad | CodecId::SignSgd) => {
+                    Strategy::Stripe
+                }
+                CodecId::PowerSgd if is_paper_powersgd(codec) => Strategy::PowerSgd,
                 _ => Strategy::Gather,
             },
             s => s,
@@ -93,6 +113,25 @@ impl Strategy {
 
 fn has_feedback(codec: &CodecConfig) -> bool {
     matches!(codec, CodecConfig::None(c) if c.ef)
+}
+
+/// The dense quantizing codecs the stripe all-reduce carries.
+fn stripes(id: CodecId) -> bool {
+    matches!(
+        id,
+        CodecId::OneBit
+            | CodecId::Adaptive
+            | CodecId::Qsgd
+            | CodecId::TernGrad
+            | CodecId::SignSgd
+            | CodecId::Fp16
+            | CodecId::Bf16
+    )
+}
+
+/// PowerSGD as published (`variant=paper`, the default), not the local gather variant.
+fn is_paper_powersgd(codec: &CodecConfig) -> bool {
+    matches!(codec, CodecConfig::PowerSgd(c) if !c.local)
 }
 
 /// How a `Dense` tensor (or a fused buffer of them) is summed.
@@ -252,22 +291,49 @@ impl FromStr for Rule {
     }
 }
 
-/// A tensor the engine will reduce: its name (the same on every rank) and shape.
+/// A tensor the engine will reduce: its name (the same on every rank), shape and role.
+///
+/// Every codec the engine builds for it gets its shape and role
+/// ([`BuildContext::with_tensors`]): column-wise quantizers (onebit, adaptive) work per
+/// column, TernGrad keeps `Output` tensors in float, DGC sends 1-D tensors dense, QSGD buckets
+/// inside the tensor, PowerSGD views it as `[shape[0], rest]`. Shapes are burn's: a linear
+/// weight is `[in, out]`, a convolution kernel `[c_out, c_in, kh, kw]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
     /// The name every rank submits it under.
     pub name: String,
     /// Its shape (row-major; the product is its element count).
     pub shape: Vec<usize>,
+    /// What it is (default from the shape: 1-D → `Bias`, else `Other`; see
+    /// [`TensorSpec::with_role`]).
+    pub role: TensorRole,
 }
 
 impl TensorSpec {
-    /// A tensor of `shape`.
+    /// A tensor of `shape`, its role inferred from the shape (1-D: `Bias`, else `Other`).
     pub fn new(name: impl Into<String>, shape: impl Into<Vec<usize>>) -> Self {
+        let shape = shape.into();
+        let role = if shape.len() == 1 {
+            TensorRole::Bias
+        } else {
+            TensorRole::Other
+        };
         TensorSpec {
             name: name.into(),
-            shape: shape.into(),
+            shape,
+            role,
         }
+    }
+
+    /// The same tensor playing `role` (e.g. `LinearWeight`, `ConvWeight`, `Output`).
+    pub fn with_role(mut self, role: TensorRole) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// Its shape and role, as the codecs see them.
+    pub fn info(&self) -> TensorInfo {
+        TensorInfo::new(self.shape.clone(), self.role)
     }
 
     /// Element count (the product of the shape; 1 for a scalar's empty shape).
@@ -337,6 +403,12 @@ impl Default for EngineConfig {
 /// The seed of registered tensor `index`'s codecs: `seed + index * 0x9E37_79B9_7F4A_7C15`
 /// (wrapping). A quantized tensor's leg codecs further use
 /// `tensor_seed ^ ((leg + 1) << 40) ^ (chunk << 20)` (leg 0 = reduce-scatter, 1 = all-gather).
+/// Every codec context carries the tensor's shape and role
+/// (`BuildContext::new(tensor_seed, rank, world, vec![len]).with_tensors(vec![spec.info()])`;
+/// a quantized chunk: its rows when it holds whole rows, else its length only). `Stripe` and
+/// `PowerSgd` tensors build `StripeAllReduce::new(codec, &ctx, len)` /
+/// `PowerSgdAllReduce::new(cfg, &ctx, len)` from that same context (the stripe plan salts
+/// its own seeds per stripe and leg).
 pub fn tensor_seed(seed: u64, index: usize) -> u64 {
     seed.wrapping_add((index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
@@ -437,6 +509,14 @@ fn check_pair(tensor: &str, codec: &CodecConfig, strategy: Strategy) -> Result<(
         Strategy::Quantized if probe().local_scalars(&[1.0, -2.0]).is_some() => {
             Some("codecs that agree on a shared scalar (terngrad) need the gather strategy")
         }
+        Strategy::Stripe if !stripes(codec.id()) => Some(
+            "the stripe all-reduce needs a dense quantizing codec (onebit, adaptive, qsgd, \
+             terngrad, signsgd, fp16, bf16)",
+        ),
+        Strategy::PowerSgd if !is_paper_powersgd(codec) => Some(
+            "the powersgd strategy needs the powersgd codec with variant=paper \
+             (variant=local runs under gather)",
+        ),
         _ => None,
     };
     match why {

@@ -4,10 +4,12 @@
 //! `r + s` to that chunk's owner while receiving, from rank `r - s`, that rank's part of its own
 //! chunk `r` (one `send_recv`, so no deadlock at any size). The owner keeps every rank's part
 //! and sums element `i` in rank order, `((g0[i] + g1[i]) + g2[i]) + ...`, then divides by P;
-//! a ring all-gather (a copy, no arithmetic) spreads the chunks. An element's rounding thus
+//! an all-gather (a copy, no arithmetic: recursive doubling on power-of-two worlds, else the
+//! ring) spreads the chunks. An element's rounding thus
 //! never depends on where it sits in the buffer: fusing tensors into one buffer, or changing
 //! the world's chunking, leaves every result bit for bit unchanged. Bytes per rank as the
-//! ring: `2 (P-1)/P` of the buffer; `2 (P-1)` messages (segmented by `seg_bytes`).
+//! ring: `2 (P-1)/P` of the buffer; `P-1 + log2 P` messages on power-of-two worlds, `2 (P-1)`
+//! otherwise (segmented by `seg_bytes`).
 
 use gradwire_collective::{chunks, Algorithm, Result};
 use gradwire_transport::Transport;
@@ -55,7 +57,10 @@ pub(crate) fn canonical_mean<T: Transport + ?Sized>(
         }
         *out = acc / n;
     }
-    gradwire_collective::all_gather(t, buf, Algorithm::Ring, seg_bytes)
+    // A copy, no arithmetic: any all-gather gives the same bits. Recursive doubling on
+    // power-of-two worlds (`log2 P` steps instead of the ring's `P-1`; same chunks), the ring
+    // otherwise.
+    gradwire_collective::all_gather(t, buf, Algorithm::Rabenseifner, seg_bytes)
 }
 
 #[cfg(test)]
@@ -65,7 +70,7 @@ mod tests {
 
     #[test]
     fn equals_rank_order_sum_bitwise() {
-        for world in [1, 2, 3, 5] {
+        for world in [1, 2, 3, 4, 5, 8] {
             for len in [0, 1, 4, 13, 100] {
                 let g = |r: usize, i: usize| ((r * 31 + i * 7) % 23) as f32 * 0.1 - 1.1;
                 let got: Vec<Vec<f32>> = std::thread::scope(|s| {

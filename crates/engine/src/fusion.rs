@@ -18,10 +18,17 @@
 //!   for `-0.0`).
 //! - *quantized*: never fused (the ring's chunks, hence each chunk codec's quantization and the
 //!   summation order, depend on the tensor's length).
+//! - *stripe*, *powersgd*: never fused either: the stripes (whole columns of each tensor) and
+//!   PowerSGD's `P`/`Q` factors are planned per tensor, with their residuals and warm-start
+//!   `Q` in the tensor's state; a group of whatever happened to be ready together would need
+//!   other plans (and other results) every cycle. Each tensor runs its own
+//!   `StripeAllReduce` / `PowerSgdAllReduce`, exactly as run directly.
 //! - all-gather: payloads concatenated; broadcast: one broadcast per root.
 
 use gradwire_codec::{Codec, SparseGrad};
-use gradwire_collective::compressed::{QuantizedAllReduce, Reduce, SparseAllReduce};
+use gradwire_collective::compressed::{
+    PowerSgdAllReduce, QuantizedAllReduce, Reduce, SparseAllReduce, StripeAllReduce,
+};
 use gradwire_collective::{Algorithm, CollectiveConfig, ReduceOp};
 use gradwire_transport::Transport;
 
@@ -37,13 +44,15 @@ pub(crate) enum Kind {
     Gather,
     Sparse,
     Quantized,
+    Stripe,
+    PowerSgd,
     AllGather,
     Broadcast(usize),
 }
 
 impl Kind {
     fn fusable(self) -> bool {
-        self != Kind::Quantized
+        !matches!(self, Kind::Quantized | Kind::Stripe | Kind::PowerSgd)
     }
 }
 
@@ -82,6 +91,8 @@ pub(crate) struct TensorState {
     pub kind: Kind,
     pub codec: Option<Box<dyn Codec>>,
     pub quantized: Option<QuantizedAllReduce>,
+    pub stripe: Option<StripeAllReduce>,
+    pub powersgd: Option<PowerSgdAllReduce>,
     pub velocity: Option<Vec<f32>>,
 }
 
@@ -156,6 +167,18 @@ impl Exec {
         }
     }
 
+    /// The fusion buffer, emptied (give it back with [`Exec::give_back`]).
+    pub(crate) fn take_fused(&mut self) -> Vec<f32> {
+        let mut f = std::mem::take(&mut self.fused);
+        f.clear();
+        f
+    }
+
+    /// Returns the fusion buffer taken by [`Exec::take_fused`].
+    pub(crate) fn give_back(&mut self, fused: Vec<f32>) {
+        self.fused = fused;
+    }
+
     /// Runs one group (all items of one kind) and leaves each item's result in its `data`.
     pub(crate) fn run(
         &mut self,
@@ -165,10 +188,7 @@ impl Exec {
         clock: &mut Clock,
     ) -> Result<()> {
         let kind = items[0].state.kind;
-        if matches!(
-            kind,
-            Kind::Dense | Kind::Gather | Kind::Sparse | Kind::Quantized
-        ) {
+        if !matches!(kind, Kind::AllGather | Kind::Broadcast(_)) {
             if let Some(m) = momentum {
                 for it in items.iter_mut() {
                     if let Some(v) = it.state.velocity.as_mut() {
@@ -186,6 +206,9 @@ impl Exec {
                     }
                     q.ag_codec_mut().set_progress(it.progress);
                 }
+                if let Some(s) = it.state.stripe.as_mut() {
+                    s.set_progress(it.progress);
+                }
             }
         }
         match kind {
@@ -197,6 +220,24 @@ impl Exec {
                 for it in items.iter_mut() {
                     let q = it.state.quantized.as_mut().expect("quantized state");
                     q.all_reduce(t, it.data, Reduce::Mean)?;
+                }
+                clock.mark(Phase::Wire);
+                Ok(())
+            }
+            Kind::Stripe => {
+                clock.mark(Phase::Fuse);
+                for it in items.iter_mut() {
+                    let s = it.state.stripe.as_mut().expect("stripe state");
+                    s.all_reduce(t, it.data, Reduce::Mean)?;
+                }
+                clock.mark(Phase::Wire);
+                Ok(())
+            }
+            Kind::PowerSgd => {
+                clock.mark(Phase::Fuse);
+                for it in items.iter_mut() {
+                    let p = it.state.powersgd.as_mut().expect("powersgd state");
+                    p.all_reduce(t, it.data, Reduce::Mean)?;
                 }
                 clock.mark(Phase::Wire);
                 Ok(())

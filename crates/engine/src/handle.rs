@@ -5,6 +5,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::worker::Shared;
 
 /// Where the progress thread leaves an operation's outcome.
 #[derive(Debug, Default)]
@@ -27,10 +28,20 @@ impl Slot {
 /// One pending operation. [`Handle::wait`] blocks until the reduced tensor is back;
 /// [`Handle::test`] polls.
 #[must_use = "an operation's result is only reachable through its handle"]
-#[derive(Debug)]
 pub struct Handle {
     slot: Arc<Slot>,
     name: Arc<str>,
+    /// The engine, so that a waiting thread can run a cycle itself.
+    driver: Option<Arc<Shared>>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("name", &self.name)
+            .field("done", &self.test())
+            .finish()
+    }
 }
 
 impl Handle {
@@ -40,9 +51,15 @@ impl Handle {
             Handle {
                 slot: slot.clone(),
                 name,
+                driver: None,
             },
             slot,
         )
+    }
+
+    pub(crate) fn with_driver(mut self, shared: Arc<Shared>) -> Handle {
+        self.driver = Some(shared);
+        self
     }
 
     /// A handle that is already complete (with an error found at submission).
@@ -69,6 +86,13 @@ impl Handle {
     /// Blocks until the operation completes and returns its result (the reduced tensor,
     /// the gathered concatenation, or the broadcast buffer).
     pub fn wait(self) -> Result<Vec<f32>> {
+        // Run the cycle here when this rank's burst is flushed and the progress thread is not
+        // in a round (saves two thread hand-offs); else wait for the progress thread.
+        if let Some(d) = &self.driver {
+            if !self.test() {
+                d.drive();
+            }
+        }
         let mut s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(r) = s.take() {

@@ -19,6 +19,10 @@
 //! - Mismatches (name, shape, dtype, op, codec) are errors naming the tensor and the ranks,
 //!   within one cycle; a tensor some ranks never submit is reported by the stall inspector;
 //!   a transport failure reaches every pending handle, naming the rank.
+//! - Steady state on small models: the registered dense tensors submitted together are
+//!   reduced in the negotiation round itself (bit-identical; [`EngineStats::speculative_rounds`]),
+//!   and a thread waiting after a flush runs the cycle itself instead of handing it to the
+//!   progress thread.
 //! - The timeline (Chrome trace per rank, [`merge_traces`]), straggler analysis and byte
 //!   accounting ([`EngineStats`]) measure it all.
 //!
@@ -82,6 +86,7 @@ pub use config::{
 pub use error::{Error, Result};
 /// The codecs the engine runs (spec strings, tensor roles), for callers that configure it.
 pub use gradwire_codec as codec;
+pub use gradwire_codec::TensorRole;
 pub use gradwire_collective::CollectiveConfig;
 pub use handle::Handle;
 pub use stats::{
@@ -134,6 +139,8 @@ impl Engine {
         check_registration(&mut *t, &descs)?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
+            worker: Mutex::new(None),
+            cycle: config.cycle_time.max(std::time::Duration::from_micros(50)),
             wake: Condvar::new(),
             stats: Mutex::new(EngineStats::default()),
             spans: Mutex::new(Vec::new()),
@@ -145,9 +152,11 @@ impl Engine {
             .map(|d| (d.name.clone(), Arc::new(d.clone())))
             .collect();
         let w = Worker::new(t, shared.clone(), config, &policies);
+        *lock(&shared.worker) = Some(w);
+        let s = shared.clone();
         let worker = std::thread::Builder::new()
             .name(format!("gradwire-engine-{rank}"))
-            .spawn(move || w.run())
+            .spawn(move || Worker::run(s))
             .map_err(|e| Error::InvalidSetting {
                 field: "thread",
                 reason: e.to_string(),
@@ -292,6 +301,7 @@ impl Engine {
                     }
                 };
                 let (h, slot) = Handle::new(desc.name.as_str().into());
+                let h = h.with_driver(self.shared.clone());
                 if let Some(e) = &q.fatal {
                     slot.complete(Err(e.clone()));
                 } else if q.exited || q.shutdown {

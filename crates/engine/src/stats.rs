@@ -134,6 +134,10 @@ pub struct EngineStats {
     pub stalls: Vec<StallReport>,
     /// Negotiation rounds run.
     pub cycles: u64,
+    /// Rounds that also reduced the registered dense batch (the speculative batch: one round
+    /// fewer, see `worker.rs`).
+    #[serde(default)]
+    pub speculative_rounds: u64,
 }
 
 impl EngineStats {

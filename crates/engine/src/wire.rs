@@ -83,7 +83,17 @@ impl Descriptor {
             ));
         }
         if self.policy != other.policy {
-            return Some(("codec", self.policy.clone(), other.policy.clone()));
+            let role = |p: &str| {
+                p.split(" role=")
+                    .nth(1)
+                    .map(|r| r.split('+').next().map(str::to_string))
+            };
+            let field = if role(&self.policy) != role(&other.policy) {
+                "role"
+            } else {
+                "codec"
+            };
+            return Some((field, self.policy.clone(), other.policy.clone()));
         }
         None
     }

@@ -15,6 +15,12 @@
 //! 3. **execute** the ready tensors in id order, fused per kind ([`crate::fusion`]);
 //! 4. end when every rank's message carried the shutdown flag.
 //!
+//! Latency on small models: a thread blocked in [`crate::Handle::wait`] after a flush runs
+//! the cycle itself when the progress thread is not in one ([`Shared::drive`]; no hand-off
+//! to the progress thread and back), and when the registered dense tensors are all submitted
+//! together, their canonical reduce-scatter rides the negotiation round
+//! ([`Worker::negotiate`]; one round fewer, the same bits).
+//!
 //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
 //! missing ranks (stalls) in the same round. "Now" for stall decisions is the largest clock
@@ -24,17 +30,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use gradwire_codec::{BuildContext, Progress};
-use gradwire_collective::compressed::{Leg, QuantizedAllReduce};
+use gradwire_codec::{BuildContext, CodecConfig, Progress, TensorInfo};
+use gradwire_collective::compressed::{
+    Leg, PowerSgdAllReduce, QuantizedAllReduce, StripeAllReduce,
+};
 use gradwire_transport::Transport;
 
-use crate::config::{tensor_seed, EngineConfig, Policy, Strategy};
+use crate::config::{tensor_seed, DenseAlgorithm, EngineConfig, Policy, Strategy};
 use crate::error::{Error, Result};
 use crate::fusion::{plan_groups, Clock, Exec, Item, Kind, TensorState};
 use crate::handle::Slot;
 use crate::stats::{EngineStats, StallReport, StragglerRecord};
 use crate::timeline::{now_us, Phase, Span};
-use crate::wire::{Descriptor, Message, OpKind};
+use crate::wire::{Descriptor, Message, OpKind, Reader};
+use gradwire_collective::Algorithm;
 
 /// One submitted operation, waiting in the queue or pending negotiation.
 pub(crate) struct Submission {
@@ -48,6 +57,10 @@ pub(crate) struct Submission {
 /// What the user side and the progress thread share.
 pub(crate) struct Shared {
     pub queue: Mutex<Queue>,
+    /// The worker, between cycles (`None` once it has exited).
+    pub worker: Mutex<Option<Worker>>,
+    /// [`EngineConfig::cycle_time`] (at least 50 µs).
+    pub cycle: Duration,
     pub wake: Condvar,
     pub stats: Mutex<EngineStats>,
     pub spans: Mutex<Vec<Span>>,
@@ -86,6 +99,8 @@ struct Adhoc {
 /// The canonical policy string of a registered tensor (compared across ranks).
 pub(crate) fn policy_string(p: &Policy, cfg: &EngineConfig) -> String {
     let mut s = format!("{}@{}", p.codec, p.strategy);
+    // The role reaches the codecs (TernGrad's output layer, DGC's 1-D tensors): compared too.
+    s.push_str(&format!(" role={:?}", p.tensor.role).to_ascii_lowercase());
     if let Some(m) = &cfg.momentum {
         s.push_str(&format!("+momentum({},{})", m.beta, m.nesterov));
     }
@@ -102,6 +117,20 @@ pub(crate) fn registered_descriptor(p: &Policy, cfg: &EngineConfig) -> Descripto
         shape: p.tensor.shape.iter().map(|&d| d as u64).collect(),
         policy: policy_string(p, cfg),
     }
+}
+
+/// The shape of a quantized ring chunk `r` of tensor `t`, when it is whole rows of it (a
+/// piece of a 1-D tensor is a 1-D tensor of the same role); `None` (element counts only)
+/// when the chunk cuts through rows.
+pub(crate) fn chunk_info(t: &TensorInfo, r: &std::ops::Range<usize>) -> Option<TensorInfo> {
+    if r.is_empty() {
+        return None;
+    }
+    if !t.is_matrix() {
+        return Some(TensorInfo::new([r.len()], t.role));
+    }
+    let col = t.column_len();
+    (r.start.is_multiple_of(col) && r.len().is_multiple_of(col)).then(|| t.rows(r.len() / col))
 }
 
 /// The policy string of an unregistered all-reduce (dense, no momentum).
@@ -127,7 +156,107 @@ pub(crate) struct Worker {
     rd_send: Vec<u8>,
     rd_recv: Vec<u8>,
     announced_shutdown: bool,
+    /// The speculative batch (see [`Worker::negotiate`]): ids of the registered dense
+    /// tensors, when they qualify; empty otherwise. The same on every rank.
+    spec: Vec<usize>,
+    /// Each rank's part of the speculative batch's owned chunk, `world * chunk` floats.
+    spec_parts: Vec<f32>,
+    /// When this rank last joined a round.
+    last: Instant,
 }
+
+/// A cycle failed: every queued and pending operation gets the error, the engine is marked
+/// exited, and the worker (with the transport) is dropped so that peers see this rank gone.
+fn fail(slot: &mut Option<Worker>, e: Error) {
+    let Some(mut w) = slot.take() else {
+        return;
+    };
+    tracing::error!(rank = w.rank, "engine failed: {e}");
+    let mut q = lock(&w.shared.queue);
+    q.exited = true;
+    q.fatal = Some(e.clone());
+    for s in q.subs.drain(..) {
+        s.slot.complete(Err(e.clone()));
+    }
+    drop(q);
+    for (_, (s, _)) in w.pending.drain() {
+        s.slot.complete(Err(e.clone()));
+    }
+    w.shared.wake.notify_all();
+}
+
+impl Shared {
+    /// The progress thread's wait (Horovod's cycle): until this rank has a complete burst of
+    /// submissions, a shutdown to announce, or `period` since `last`. A burst (a backward
+    /// pass handing over its gradients one by one) should reach one round together: once
+    /// something is queued, wait until the queue has been quiet for `gap`, or a flush, or
+    /// `cycle` since the burst began.
+    fn wait_for_work(&self, period: Duration, announced: bool, last: Instant) {
+        let gap =
+            |c: Duration| (c / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
+        let mut q = lock(&self.queue);
+        let mut burst: Option<Instant> = None;
+        loop {
+            if q.exited || (q.shutdown && !announced) {
+                return;
+            }
+            let queued = q.subs.len();
+            let wait = if queued == 0 {
+                burst = None;
+                let elapsed = last.elapsed();
+                if elapsed >= period {
+                    return; // a round the others may be waiting in
+                }
+                period - elapsed
+            } else {
+                let c = self.cycle;
+                let began = *burst.get_or_insert_with(Instant::now);
+                if q.flush || began.elapsed() >= c {
+                    return;
+                }
+                gap(c).min(c - began.elapsed())
+            };
+            q = self
+                .wake
+                .wait_timeout(q, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if queued > 0 && q.subs.len() == queued {
+                return;
+            }
+        }
+    }
+
+    /// Runs one cycle on the calling thread (one blocked in [`crate::Handle::wait`]) when
+    /// the progress thread is not in one and this rank's burst is complete (flushed): saves
+    /// the hand-offs to the progress thread and back. `false`: nothing run.
+    pub(crate) fn drive(&self) -> bool {
+        let Ok(mut g) = self.worker.try_lock() else {
+            return false;
+        };
+        let Some(w) = g.as_mut() else {
+            return false;
+        };
+        let subs = {
+            let mut q = lock(&self.queue);
+            if q.shutdown || q.exited || !q.flush || q.subs.is_empty() {
+                return false;
+            }
+            q.flush = false;
+            std::mem::take(&mut q.subs)
+        };
+        w.last = Instant::now();
+        // Not a shutdown announcement, so never the last round.
+        if let Err(e) = w.cycle(subs, false) {
+            fail(&mut g, e);
+        }
+        true
+    }
+}
+
+/// The speculative batch's size limit: larger batches are bandwidth-bound, where saving a
+/// round does not matter and a failed speculation would waste a real transfer.
+const SPEC_MAX_BYTES: usize = 256 << 10;
 
 impl Worker {
     pub(crate) fn new(
@@ -156,11 +285,28 @@ impl Worker {
             rd_send: Vec::new(),
             rd_recv: Vec::new(),
             announced_shutdown: false,
+            spec: Vec::new(),
+            spec_parts: Vec::new(),
+            last: Instant::now(),
         };
         for (i, p) in policies.iter().enumerate() {
             let state = w.build_state(i, p);
             let desc = registered_descriptor(p, &w.cfg);
             w.push_entry(desc, state);
+        }
+        // Speculation needs the canonical sum (the only dense algorithm whose owner-side
+        // rank-order sum the combined round reproduces), no momentum, and a batch the normal
+        // path would fuse into one group anyway.
+        let ids: Vec<usize> = (0..w.states.len())
+            .filter(|&id| w.states[id].kind == Kind::Dense && w.states[id].velocity.is_none())
+            .collect();
+        let bytes: usize = ids.iter().map(|&id| 4 * w.entries[id].len).sum();
+        if world > 1
+            && w.cfg.dense == DenseAlgorithm::Canonical
+            && !ids.is_empty()
+            && bytes <= w.cfg.fusion_bytes.min(SPEC_MAX_BYTES)
+        {
+            w.spec = ids;
         }
         w
     }
@@ -169,43 +315,61 @@ impl Worker {
         let len = p.tensor.len();
         let (rank, world) = (self.rank, self.world);
         let seed = tensor_seed(self.cfg.seed, index);
-        let ctx = BuildContext {
-            seed,
-            rank,
-            world_size: world,
-            layout: vec![len],
-            ..Default::default()
+        let info = p.tensor.info();
+        let ctx = BuildContext::new(seed, rank, world, vec![len]).with_tensors(vec![info.clone()]);
+        let mut state = TensorState {
+            kind: Kind::Dense,
+            codec: None,
+            quantized: None,
+            stripe: None,
+            powersgd: None,
+            velocity: self.cfg.momentum.map(|_| vec![0.0; len]),
         };
-        let velocity = self.cfg.momentum.map(|_| vec![0.0; len]);
-        let (kind, codec, quantized) = match p.strategy {
-            Strategy::Dense | Strategy::Auto => (Kind::Dense, None, None),
-            Strategy::Gather => (Kind::Gather, Some(p.codec.build(&ctx)), None),
-            Strategy::Sparse => (Kind::Sparse, Some(p.codec.build(&ctx)), None),
+        match p.strategy {
+            Strategy::Dense | Strategy::Auto => {}
+            Strategy::Gather => {
+                state.kind = Kind::Gather;
+                state.codec = Some(p.codec.build(&ctx));
+            }
+            Strategy::Sparse => {
+                state.kind = Kind::Sparse;
+                state.codec = Some(p.codec.build(&ctx));
+            }
+            Strategy::Stripe => {
+                state.kind = Kind::Stripe;
+                state.stripe = Some(StripeAllReduce::new(&p.codec, &ctx, len));
+            }
+            Strategy::PowerSgd => {
+                let CodecConfig::PowerSgd(c) = &p.codec else {
+                    unreachable!("plan() admits only the powersgd codec under powersgd")
+                };
+                state.kind = Kind::PowerSgd;
+                state.powersgd = Some(PowerSgdAllReduce::new(c, &ctx, len));
+            }
             Strategy::Quantized => {
                 let codec = p.codec.clone();
                 let q = QuantizedAllReduce::new(len, rank, world, |leg, chunk| {
-                    let n = gradwire_collective::chunks::range(len, world, chunk).len();
+                    let r = gradwire_collective::chunks::range(len, world, chunk);
                     let leg_no: u64 = match leg {
                         Leg::ReduceScatter => 0,
                         Leg::AllGather => 1,
                     };
-                    codec.build(&BuildContext {
-                        seed: seed ^ ((leg_no + 1) << 40) ^ ((chunk as u64) << 20),
+                    let c = BuildContext::new(
+                        seed ^ ((leg_no + 1) << 40) ^ ((chunk as u64) << 20),
                         rank,
-                        world_size: world,
-                        layout: vec![n],
-                        ..Default::default()
+                        world,
+                        vec![r.len()],
+                    );
+                    codec.build(&match chunk_info(&info, &r) {
+                        Some(t) => c.with_tensors(vec![t]),
+                        None => c,
                     })
                 });
-                (Kind::Quantized, None, Some(q))
+                state.kind = Kind::Quantized;
+                state.quantized = Some(q);
             }
-        };
-        TensorState {
-            kind,
-            codec,
-            quantized,
-            velocity,
         }
+        state
     }
 
     fn push_entry(&mut self, desc: Descriptor, state: TensorState) -> usize {
@@ -218,90 +382,67 @@ impl Worker {
         id
     }
 
-    /// Runs cycles until shutdown or failure; gives the transport back after a clean
-    /// shutdown (dropped after a failure, so that peers see this rank gone).
-    pub(crate) fn run(mut self) -> Option<Box<dyn Transport>> {
-        let mut last = Instant::now();
+    /// The progress thread: runs cycles until shutdown or failure; gives the transport back
+    /// after a clean shutdown (dropped after a failure, so that peers see this rank gone).
+    ///
+    /// The worker sits in `shared.worker` so that a thread blocked in [`crate::Handle::wait`]
+    /// can run a cycle itself once its burst is flushed (see [`Shared::drive`]): this thread
+    /// waits for work without holding it, then locks it and re-checks (someone may have run
+    /// the cycle meanwhile).
+    pub(crate) fn run(shared: Arc<Shared>) -> Option<Box<dyn Transport>> {
         loop {
-            let (subs, shutdown) = self.wait_for_cycle(&mut last);
-            match self.cycle(subs, shutdown) {
+            let (period, announced, last) = {
+                let g = lock(&shared.worker);
+                // None: failed in a cycle a waiting thread ran.
+                let w = g.as_ref()?;
+                (w.idle_period(), w.announced_shutdown, w.last)
+            };
+            shared.wait_for_work(period, announced, last);
+            let mut g = lock(&shared.worker);
+            let w = g.as_mut()?;
+            let (subs, shutdown) = {
+                let mut q = lock(&shared.queue);
+                let due = w.last.elapsed() >= w.idle_period();
+                let announce = q.shutdown && !w.announced_shutdown;
+                if q.subs.is_empty() && !due && !announce {
+                    continue; // a waiting thread ran the cycle
+                }
+                q.flush = false;
+                w.announced_shutdown |= q.shutdown;
+                (std::mem::take(&mut q.subs), q.shutdown)
+            };
+            w.last = Instant::now();
+            match w.cycle(subs, shutdown) {
                 Ok(true) => {}
                 Ok(false) => {
-                    let mut q = lock(&self.shared.queue);
+                    let w = g.take().expect("checked above");
+                    let mut q = lock(&shared.queue);
                     q.exited = true;
                     for s in q.subs.drain(..) {
                         s.slot.complete(Err(Error::ShutDown));
                     }
                     drop(q);
-                    return Some(self.t);
+                    return Some(w.t);
                 }
                 Err(e) => {
-                    tracing::error!(rank = self.rank, "engine failed: {e}");
-                    let mut q = lock(&self.shared.queue);
-                    q.exited = true;
-                    q.fatal = Some(e.clone());
-                    for s in q.subs.drain(..) {
-                        s.slot.complete(Err(e.clone()));
-                    }
-                    drop(q);
-                    for (_, (s, _)) in self.pending.drain() {
-                        s.slot.complete(Err(e.clone()));
-                    }
+                    fail(&mut g, e);
                     return None;
                 }
             }
         }
     }
 
-    fn wait_for_cycle(&mut self, last: &mut Instant) -> (Vec<Submission>, bool) {
+    /// How long without submissions before this rank joins a round anyway: `cycle` with
+    /// tensors pending here (they may become ready any moment), ten cycles otherwise (the
+    /// others only need us for stall inspection and shutdown: a submission of ours starts a
+    /// round at once).
+    fn idle_period(&self) -> Duration {
         let cycle = self.cfg.cycle_time.max(Duration::from_micros(50));
-        // A burst of submissions (a backward pass handing over its gradients one by one)
-        // should reach one round together: once something is queued, wait until the queue
-        // has been quiet for `gap`, or a flush, or `cycle` since the burst began.
-        let gap = (cycle / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
-        let mut q = lock(&self.shared.queue);
-        let mut burst: Option<Instant> = None;
-        loop {
-            if q.shutdown && !self.announced_shutdown {
-                break;
-            }
-            let queued = q.subs.len();
-            let wait = if queued == 0 {
-                // With tensors pending here, rounds every `cycle` (they may become ready
-                // any moment); with nothing pending, idle rounds ten times less often (the
-                // others only need us for stall inspection and shutdown: a submission of
-                // ours starts a round at once).
-                let period = if self.pending.is_empty() {
-                    cycle * 10
-                } else {
-                    cycle
-                };
-                let elapsed = last.elapsed();
-                if elapsed >= period {
-                    break; // a round the others may be waiting in
-                }
-                period - elapsed
-            } else {
-                let began = *burst.get_or_insert_with(Instant::now);
-                if q.flush || began.elapsed() >= cycle {
-                    break;
-                }
-                gap.min(cycle - began.elapsed())
-            };
-            q = self
-                .shared
-                .wake
-                .wait_timeout(q, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            if queued > 0 && q.subs.len() == queued {
-                break;
-            }
+        if self.pending.is_empty() {
+            cycle * 10
+        } else {
+            cycle
         }
-        *last = Instant::now();
-        q.flush = false;
-        self.announced_shutdown |= q.shutdown;
-        (std::mem::take(&mut q.subs), q.shutdown)
     }
 
     /// One negotiation round and the execution of what it found ready. `Ok(false)`: done.
@@ -345,13 +486,12 @@ impl Worker {
         );
         msg.encode(&mut self.msg_buf);
         let before = self.t.bytes_sent();
-        crate::rd_gather::all_gather_small(
-            &mut *self.t,
-            &self.msg_buf,
-            &mut self.gathered,
-            &mut self.rd_send,
-            &mut self.rd_recv,
-        )?;
+        let fresh = msg
+            .new_ready
+            .iter()
+            .any(|(id, _)| self.spec.binary_search(&(*id as usize)).is_ok());
+        let spec = self.negotiate(fresh)?;
+        let spec_bytes = spec.as_ref().map_or(0, |(_, b)| *b);
         let negotiated_us = now_us();
         let msgs = self
             .gathered
@@ -361,8 +501,13 @@ impl Worker {
             .collect::<Result<Vec<_>>>()?;
         {
             let mut st = lock(&self.shared.stats);
-            st.bytes.negotiation_bytes += self.t.bytes_sent().saturating_sub(before);
+            st.bytes.negotiation_bytes += self
+                .t
+                .bytes_sent()
+                .saturating_sub(before)
+                .saturating_sub(spec_bytes);
             st.cycles += 1;
+            st.speculative_rounds += u64::from(spec.is_some());
         }
         let now = msgs.iter().map(|m| m.now_us).max().unwrap_or(msg.now_us);
         let all_shutdown = msgs.iter().all(|m| m.shutdown);
@@ -399,12 +544,124 @@ impl Worker {
             .collect();
         self.complete_adhoc(&mut ready);
         self.inspect(&msgs, now)?;
+        if let Some((fused, bytes)) = spec {
+            // Every rank sent the batch, so every rank had all of it pending: it is ready.
+            debug_assert!(self.spec.iter().all(|id| ready.contains(id)));
+            ready.retain(|id| self.spec.binary_search(id).is_err());
+            let group = self.spec.clone();
+            self.run_group(&group, negotiated_us, Some((fused, bytes)))?;
+        }
         self.execute(&ready, negotiated_us)?;
         if all_shutdown {
             self.fail_unmatched(&msgs);
             return Ok(false);
         }
         Ok(true)
+    }
+
+    /// The negotiation round: every rank's message reaches every rank (`self.gathered`).
+    ///
+    /// Steady state without a second round (the speculative batch): when the registered dense
+    /// tensors qualify (`self.spec`, the same on every rank), the round is the canonical
+    /// reduce-scatter's pairwise exchange (`P-1` steps, rank `r` sends to `r+s` and receives
+    /// from `r-s`, so every rank hears from every other) and each message carries the
+    /// negotiation message, plus, when this rank has the whole batch pending and some of it
+    /// was submitted this cycle (`fresh`), its part of the fused batch for the receiver's
+    /// chunk. If every rank sent its parts, every rank had the whole batch pending, so it is
+    /// ready everywhere, and each owner sums its chunk in rank order exactly as
+    /// [`crate::dense`] does: the result is bit for bit the normal path's, one negotiation
+    /// round (`log2 P` steps on power-of-two worlds) earlier. Otherwise the parts are dropped
+    /// (every rank sees the same flags) and the cycle goes on as usual. Without a speculative
+    /// batch: the small all-gather of `rd_gather`.
+    ///
+    /// Returns the fused batch with this rank's chunk reduced, and the part bytes sent.
+    fn negotiate(&mut self, fresh: bool) -> Result<Option<(Vec<f32>, u64)>> {
+        let (rank, world) = (self.rank, self.world);
+        if self.spec.is_empty() {
+            crate::rd_gather::all_gather_small(
+                &mut *self.t,
+                &self.msg_buf,
+                &mut self.gathered,
+                &mut self.rd_send,
+                &mut self.rd_recv,
+            )?;
+            return Ok(None);
+        }
+        let attach = fresh
+            && self
+                .spec
+                .iter()
+                .all(|&id| self.pending.contains_key(&self.entries[id].desc.name));
+        let mut fused = self.exec.take_fused();
+        if attach {
+            for &id in &self.spec {
+                let (sub, _) = &self.pending[&self.entries[id].desc.name];
+                fused.extend_from_slice(&sub.data);
+            }
+        }
+        let len: usize = self.spec.iter().map(|&id| self.entries[id].len).sum();
+        let mine = gradwire_collective::chunks::range(len, world, rank);
+        let m = mine.len();
+        self.spec_parts.clear();
+        self.spec_parts.resize(world * m, 0.0);
+        if attach {
+            self.spec_parts[rank * m..(rank + 1) * m].copy_from_slice(&fused[mine.clone()]);
+        }
+        self.gathered.resize_with(world, Vec::new);
+        self.gathered[rank].clear();
+        self.gathered[rank].extend_from_slice(&self.msg_buf);
+        let mut all = attach;
+        let mut part_bytes = 0u64;
+        for s in 1..world {
+            let (to, from) = ((rank + s) % world, (rank + world - s) % world);
+            let send = &mut self.rd_send;
+            send.clear();
+            send.extend_from_slice(&(self.msg_buf.len() as u32).to_le_bytes());
+            send.extend_from_slice(&self.msg_buf);
+            send.push(u8::from(attach));
+            if attach {
+                let part = &fused[gradwire_collective::chunks::range(len, world, to)];
+                send.extend_from_slice(bytemuck::cast_slice(part));
+                part_bytes += 4 * part.len() as u64;
+            }
+            self.t
+                .send_recv(to, send, from, &mut self.rd_recv)
+                .map_err(gradwire_collective::Error::from)?;
+            let mut r = Reader::new(from, &self.rd_recv);
+            let n = r.u32()? as usize;
+            let b = r.bytes(n)?;
+            self.gathered[from].clear();
+            self.gathered[from].extend_from_slice(b);
+            match r.u8()? {
+                0 => all = false,
+                1 => {
+                    let b = r.bytes(4 * m)?;
+                    for (x, c) in self.spec_parts[from * m..(from + 1) * m]
+                        .iter_mut()
+                        .zip(b.chunks_exact(4))
+                    {
+                        *x = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                    }
+                }
+                _ => return Err(r.err("bad speculation flag")),
+            }
+            if r.remaining() != 0 {
+                return Err(r.err("trailing bytes in a negotiation exchange"));
+            }
+        }
+        if !all {
+            self.exec.give_back(fused);
+            return Ok(None);
+        }
+        let n = world as f32;
+        for (k, out) in fused[mine].iter_mut().enumerate() {
+            let mut acc = self.spec_parts[k];
+            for r in 1..world {
+                acc += self.spec_parts[r * m + k];
+            }
+            *out = acc / n;
+        }
+        Ok(Some((fused, part_bytes)))
     }
 
     /// Checks and caches the uncached tensors every rank has now requested.
@@ -452,6 +709,8 @@ impl Worker {
                     kind,
                     codec: None,
                     quantized: None,
+                    stripe: None,
+                    powersgd: None,
                     velocity: None,
                 },
             );
@@ -540,12 +799,20 @@ impl Worker {
             .collect();
         for mut group in plan_groups(&plan, self.cfg.fusion_bytes) {
             group.sort_unstable();
-            self.run_group(&group, negotiated_us)?;
+            self.run_group(&group, negotiated_us, None)?;
         }
         Ok(())
     }
 
-    fn run_group(&mut self, group: &[usize], negotiated_us: u64) -> Result<()> {
+    /// Runs one group; `reduced`: the speculative batch's buffer, whose owned chunk the
+    /// combined round has already reduced (only the all-gather is left), with the bytes that
+    /// round sent for it.
+    fn run_group(
+        &mut self,
+        group: &[usize],
+        negotiated_us: u64,
+        reduced: Option<(Vec<f32>, u64)>,
+    ) -> Result<()> {
         let start = now_us();
         let mut subs: Vec<Submission> = group
             .iter()
@@ -559,9 +826,30 @@ impl Worker {
             })
             .collect();
         let kind = self.states[group[0]].kind;
+        let spec_sent = reduced.as_ref().map_or(0, |(_, b)| *b);
         let mut clock = Clock::start();
         let before = self.t.bytes_sent();
-        let res = {
+        let res = if let Some((mut fused, _)) = reduced {
+            clock.mark(Phase::Fuse);
+            let r = gradwire_collective::all_gather(
+                &mut *self.t,
+                &mut fused,
+                Algorithm::Rabenseifner,
+                self.cfg.collective.segment_bytes(),
+            );
+            clock.mark(Phase::Wire);
+            if r.is_ok() {
+                let mut off = 0;
+                for s in subs.iter_mut() {
+                    let n = s.data.len();
+                    s.data.copy_from_slice(&fused[off..off + n]);
+                    off += n;
+                }
+            }
+            clock.mark(Phase::Unfuse);
+            self.exec.give_back(fused);
+            r.map_err(Error::from)
+        } else {
             let mut items: Vec<Item<'_>> = Vec::with_capacity(group.len());
             let mut subs_it = subs.iter_mut();
             for (id, state) in self.states.iter_mut().enumerate() {
@@ -581,7 +869,7 @@ impl Worker {
                 &mut clock,
             )
         };
-        let wire = self.t.bytes_sent().saturating_sub(before);
+        let wire = self.t.bytes_sent().saturating_sub(before) + spec_sent;
         if let Err(e) = res {
             for s in subs {
                 s.slot.complete(Err(e.clone()));

@@ -132,15 +132,32 @@ fn tensors_carry_names_shapes_and_roles() {
             "{kind}"
         );
         let outputs = t.iter().filter(|t| t.role == Output).count();
-        assert_eq!(outputs, 2, "{kind}: the last linear layer's weight and bias");
+        assert_eq!(
+            outputs, 2,
+            "{kind}: the last linear layer's weight and bias"
+        );
         assert_eq!(t.last().unwrap().role, Output, "{kind}");
         let mut names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), t.len(), "{kind}: names are unique");
     }
-    let lstm = ModelKind::CharLstm.build(DataShape::Text { vocab: 65 }, 0).unwrap();
-    let roles: Vec<_> = lstm.tensors().into_iter().map(|t| (t.name, t.role)).collect();
-    assert!(roles.iter().any(|(n, r)| n == "w_ih" && *r == LinearWeight), "{roles:?}");
-    assert!(roles.iter().any(|(n, r)| n.starts_with("embed") && *r == Other), "{roles:?}");
+    let lstm = ModelKind::CharLstm
+        .build(DataShape::Text { vocab: 65 }, 0)
+        .unwrap();
+    let roles: Vec<_> = lstm
+        .tensors()
+        .into_iter()
+        .map(|t| (t.name, t.role))
+        .collect();
+    assert!(
+        roles.iter().any(|(n, r)| n == "w_ih" && *r == LinearWeight),
+        "{roles:?}"
+    );
+    assert!(
+        roles
+            .iter()
+            .any(|(n, r)| n.starts_with("embed") && *r == Other),
+        "{roles:?}"
+    );
 }

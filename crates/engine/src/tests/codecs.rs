@@ -3,20 +3,25 @@
 //! off bit-identical; DGC's warm-up under every strategy.
 
 use gradwire_codec::{BuildContext, Codec, CodecConfig};
-use gradwire_collective::compressed::{GatherDecode, QuantizedAllReduce, Reduce, SparseAllReduce};
+use gradwire_collective::compressed::{
+    GatherDecode, PowerSgdAllReduce, QuantizedAllReduce, Reduce, SparseAllReduce, StripeAllReduce,
+};
 use gradwire_transport::Transport;
 
 use super::{bits, grad, naive_mean, world};
 use crate::{DenseAlgorithm, Engine, EngineConfig, Strategy, TensorSpec};
 
 const LENS: [usize; 2] = [37, 300];
+/// The tensors' shapes: a 1-D one (a bias) and a matrix (columns, PowerSGD's low rank).
+const SHAPES: [&[usize]; 2] = [&[37], &[20, 15]];
 const STEPS: usize = 2;
 const SEED: u64 = 0xfeed;
 
 fn tensors() -> Vec<TensorSpec> {
-    LENS.iter()
+    SHAPES
+        .iter()
         .enumerate()
-        .map(|(i, &n)| TensorSpec::new(format!("t{i}"), [n]))
+        .map(|(i, &s)| TensorSpec::new(format!("t{i}"), s))
         .collect()
 }
 
@@ -79,19 +84,24 @@ fn reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<V
             })
             .collect();
     }
+    let specs = tensors();
     world(n, |mut t| {
         let (rank, world) = (t.rank(), t.world_size());
-        let ctx = |seed, len| BuildContext {
-            seed,
-            rank,
-            world_size: world,
-            layout: vec![len],
-            ..Default::default()
-        };
-        let mut codecs: Vec<Box<dyn Codec>> = LENS
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| codec.build(&ctx(seed_of(i), len)))
+        let ctx = |seed, len| BuildContext::new(seed, rank, world, vec![len]);
+        let shaped = |i: usize| ctx(seed_of(i), LENS[i]).with_tensors(vec![specs[i].info()]);
+        let mut codecs: Vec<Box<dyn Codec>> =
+            (0..LENS.len()).map(|i| codec.build(&shaped(i))).collect();
+        let mut stripes: Vec<Option<StripeAllReduce>> = (0..LENS.len())
+            .map(|i| {
+                (strategy == Strategy::Stripe)
+                    .then(|| StripeAllReduce::new(codec, &shaped(i), LENS[i]))
+            })
+            .collect();
+        let mut powersgd: Vec<Option<PowerSgdAllReduce>> = (0..LENS.len())
+            .map(|i| match codec {
+                CodecConfig::PowerSgd(c) => Some(PowerSgdAllReduce::new(c, &shaped(i), LENS[i])),
+                _ => None,
+            })
             .collect();
         let mut quantized: Vec<QuantizedAllReduce> = LENS
             .iter()
@@ -103,7 +113,22 @@ fn reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<V
                         gradwire_collective::compressed::Leg::AllGather => 2u64,
                     };
                     let m = gradwire_collective::chunks::range(len, world, chunk).len();
-                    codec.build(&ctx(seed_of(i) ^ (leg << 40) ^ ((chunk as u64) << 20), m))
+                    let c = ctx(seed_of(i) ^ (leg << 40) ^ ((chunk as u64) << 20), m);
+                    // A 1-D tensor's chunks are 1-D tensors of its role; the matrix's chunks
+                    // are whole rows when they fall on row boundaries.
+                    let r = gradwire_collective::chunks::range(len, world, chunk);
+                    let info = specs[i].info();
+                    let piece = if !info.is_matrix() {
+                        Some(gradwire_codec::TensorInfo::new([m], info.role))
+                    } else {
+                        let col = info.column_len();
+                        (m > 0 && r.start.is_multiple_of(col) && m.is_multiple_of(col))
+                            .then(|| info.rows(m / col))
+                    };
+                    codec.build(&match piece {
+                        Some(p) => c.with_tensors(vec![p]),
+                        None => c,
+                    })
                 })
             })
             .collect();
@@ -141,6 +166,16 @@ fn reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<V
                                     .all_reduce(&mut t, &mut g, Reduce::Mean)
                                     .unwrap()
                             }
+                            Strategy::Stripe => {
+                                let s = stripes[i].as_mut().unwrap();
+                                s.set_progress(p);
+                                s.all_reduce(&mut t, &mut g, Reduce::Mean).unwrap()
+                            }
+                            Strategy::PowerSgd => powersgd[i]
+                                .as_mut()
+                                .unwrap()
+                                .all_reduce(&mut t, &mut g, Reduce::Mean)
+                                .unwrap(),
                             s => unreachable!("{s}"),
                         }
                         g
@@ -194,7 +229,13 @@ fn every_codec_matches_the_reference_on_worlds_1_to_8() {
 fn every_codec_under_every_valid_strategy_matches_the_reference() {
     let n = 3;
     for codec in CodecConfig::examples() {
-        for s in [Strategy::Gather, Strategy::Sparse, Strategy::Quantized] {
+        for s in [
+            Strategy::Gather,
+            Strategy::Sparse,
+            Strategy::Quantized,
+            Strategy::Stripe,
+            Strategy::PowerSgd,
+        ] {
             if !valid(&codec, s) || s == Strategy::Auto.resolve(&codec) {
                 continue;
             }
@@ -292,7 +333,7 @@ fn dgc_reaches_its_final_density_under_every_strategy() {
             strategy: s,
             ..Default::default()
         };
-        let tensors = vec![TensorSpec::new("w", [len])];
+        let tensors = vec![TensorSpec::new("w", [40, len / 40])];
         let steps = world(2, |t| {
             let rank = t.rank();
             let e = Engine::start(t, cfg.clone(), &tensors).unwrap();

@@ -4,6 +4,7 @@
 mod accounting;
 mod codecs;
 mod negotiation;
+mod shapes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

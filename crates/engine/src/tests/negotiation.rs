@@ -87,8 +87,12 @@ fn handles_complete_when_waited_in_any_order() {
 
 #[test]
 fn registration_mismatch_names_tensor_and_ranks() {
-    let cases: [(&str, usize, &str); 3] =
-        [("shape", 1, "fc.w"), ("name", 2, "fc.w"), ("codec", 1, "b")];
+    let cases: [(&str, usize, &str); 4] = [
+        ("shape", 1, "fc.w"),
+        ("name", 2, "fc.w"),
+        ("codec", 1, "b"),
+        ("role", 2, "fc.w"),
+    ];
     for (field, odd, tensor) in cases {
         let t0 = Instant::now();
         let errs = world(3, |t| {
@@ -99,6 +103,7 @@ fn registration_mismatch_names_tensor_and_ranks() {
                 match field {
                     "shape" => tensors[1].shape = vec![4, 3],
                     "name" => tensors[1].name = "fc.weight".into(),
+                    "role" => tensors[1].role = crate::TensorRole::Output,
                     _ => cfg.codec = "topk:ratio=0.5".parse().unwrap(),
                 }
             }
@@ -274,6 +279,52 @@ fn dead_rank_in_a_larger_world_fails_every_pending_handle() {
     });
     for e in errs.into_iter().flatten() {
         assert!(e.peer().is_some(), "{e}");
+    }
+}
+
+/// The same with a flushed batch: the waiting thread runs the cycle itself (and, with the
+/// registered dense tensors, the speculative round); the failure still reaches every handle,
+/// later submissions fail at once, and shutdown reports the error.
+#[test]
+fn dead_rank_fails_handles_of_a_cycle_the_waiting_thread_runs() {
+    let errs = world(3, |t| {
+        let rank = gradwire_transport::Transport::rank(&t);
+        let kill = Arc::new(AtomicBool::new(false));
+        let e = Engine::start(
+            Killable::new(t, kill.clone()),
+            EngineConfig::default(),
+            &specs(&[8, 8]),
+        )
+        .unwrap();
+        let batch = || {
+            vec![
+                ("t0".to_string(), vec![1.0; 8]),
+                ("t1".to_string(), vec![1.0; 8]),
+            ]
+        };
+        // One good step first (steady state), then rank 2 dies.
+        for h in e.all_reduce_batch(batch()) {
+            assert_eq!(h.wait().unwrap(), vec![1.0; 8]);
+        }
+        if rank == 2 {
+            kill.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = e.shutdown();
+            return vec![];
+        }
+        let mut errs: Vec<Error> = e
+            .all_reduce_batch(batch())
+            .into_iter()
+            .map(|h| h.wait().unwrap_err())
+            .collect();
+        errs.push(e.all_reduce("t0", vec![1.0; 8]).wait().unwrap_err());
+        errs.push(e.shutdown().err().expect("shutdown reports the failure"));
+        errs
+    });
+    for (r, es) in errs.iter().enumerate().take(2) {
+        assert_eq!(es.len(), 4, "rank {r}");
+        for e in es {
+            assert!(e.peer().is_some(), "rank {r}: {e}");
+        }
     }
 }
 

@@ -62,7 +62,7 @@ impl EngineSync {
         let (rank, world) = (transport.rank(), transport.world_size());
         let specs: Vec<TensorSpec> = tensors
             .iter()
-            .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()))
+            .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
             .collect();
         let engine = Engine::start(transport, config, &specs)?;
         let mut ranges = Vec::with_capacity(tensors.len());
