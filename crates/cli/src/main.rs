@@ -11,6 +11,7 @@ mod bench_engine;
 mod check;
 mod launch;
 mod plot;
+mod plot_timeline;
 mod records;
 mod report;
 mod report_render;

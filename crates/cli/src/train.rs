@@ -81,7 +81,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "SPEC")]
     pub link: Option<LinkConfig>,
     /// Write a Chrome trace of every rank's step phases and tensor operations (open it in
-    /// Perfetto): FILE merged, and FILE with `.rankN` before its extension per rank.
+    /// Perfetto): FILE merged, FILE with `.rankN` before its extension per rank, and one
+    /// step drawn as FILE with the extension `.png`.
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
     /// Momentum correction (DGC, section 3.2): each worker folds SGD's momentum into its
