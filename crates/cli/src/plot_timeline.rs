@@ -100,7 +100,7 @@ pub fn plot_step(trace: &Path, png: &Path) -> Result<()> {
         .y_label_formatter(&|y| {
             let lane = y.floor() as usize;
             let rank = lane / 2;
-            if lane % 2 == 0 {
+            if lane.is_multiple_of(2) {
                 format!("rank {rank} compute")
             } else {
                 format!("rank {rank} comm")

@@ -616,10 +616,18 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
             gradwire_engine::merge_traces(&refs, path)
                 .with_context(|| format!("merging the timeline into {}", path.display()))?;
-            eprintln!(
-                "gradwire train: timeline in {} (open in Perfetto)",
-                path.display()
-            );
+            let png = path.with_extension("png");
+            match crate::plot_timeline::plot_step(path, &png) {
+                Ok(()) => eprintln!(
+                    "gradwire train: timeline in {} (open in Perfetto), one step drawn in {}",
+                    path.display(),
+                    png.display()
+                ),
+                Err(e) => eprintln!(
+                    "gradwire train: timeline in {} (open in Perfetto); step chart not drawn ({e:#})",
+                    path.display()
+                ),
+            }
         }
     }
     if reporting {
