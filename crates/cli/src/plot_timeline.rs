@@ -92,13 +92,14 @@ pub fn plot_step(trace: &Path, png: &Path) -> Result<()> {
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(140)
-        .build_cartesian_2d(0.0..span_ms, 0.0..(2 * ranks) as f64)?;
+        // Lane k is centred on y = k; the right quarter is left free for the legend.
+        .build_cartesian_2d(0.0..span_ms * 1.3, -0.5..(2 * ranks) as f64 - 0.5)?;
     chart
         .configure_mesh()
         .disable_y_mesh()
         .y_labels(2 * ranks)
         .y_label_formatter(&|y| {
-            let lane = y.floor() as usize;
+            let lane = y.round().max(0.0) as usize;
             let rank = lane / 2;
             if lane.is_multiple_of(2) {
                 format!("rank {rank} compute")
