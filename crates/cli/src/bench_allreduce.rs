@@ -14,7 +14,7 @@ use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
-use crate::launch::{describe, spawn_capturing, RankSpec};
+use crate::launch::run_ranks_for_json;
 use crate::size::{format_size, parse_size};
 
 /// Which transport the benchmark ranks use.
@@ -179,7 +179,6 @@ pub fn link_arg(s: &str) -> std::result::Result<String, gradwire_transport::link
 }
 
 fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
-    let exe = std::env::current_exe().context("locating the gradwire binary")?;
     let mut child_args = vec!["bench".to_string(), "allreduce".into(), "--worker".into()];
     child_args.push(format!(
         "--sizes={}",
@@ -201,28 +200,7 @@ fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
     if let Some(i) = args.iters {
         child_args.push(format!("--iters={i}"));
     }
-    let spec = RankSpec {
-        np: args.np,
-        master: None,
-        timeout: None,
-        program: exe.display().to_string(),
-        args: child_args,
-    };
-    let mut ranks = spawn_capturing(&spec)?;
-    let captured = ranks.captured.take().expect("rank 0 captured");
-    let outcome = ranks.wait()?;
-    let out = captured
-        .join()
-        .map_err(|_| anyhow::anyhow!("reading rank 0's output"))?;
-    if let Some((rank, status)) = outcome.failure {
-        bail!("benchmark rank {rank} failed ({})", describe(status));
-    }
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("rank 0 printed no result")?;
-    let mut report: Report = serde_json::from_str(line).context("parsing rank 0's result")?;
+    let mut report: Report = run_ranks_for_json(args.np, child_args)?;
     // The command that made the report is this one, not the workers'.
     report.provenance = Some(crate::records::Provenance::current());
     Ok(report)

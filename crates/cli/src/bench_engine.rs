@@ -15,7 +15,7 @@ use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
 use crate::bench_allreduce::TransportKind;
-use crate::launch::{describe, spawn_capturing, RankSpec};
+use crate::launch::run_ranks_for_json;
 
 /// Arguments of `gradwire bench engine`.
 #[derive(Args, Debug, Clone)]
@@ -156,36 +156,17 @@ fn report(np: usize, results: Vec<CaseResult>, args: &EngineBenchArgs) -> Report
 }
 
 fn run_processes(args: &EngineBenchArgs) -> Result<Report> {
-    let exe = std::env::current_exe().context("locating the gradwire binary")?;
     let cases: Vec<&str> = args.cases.iter().map(|c| c.name()).collect();
-    let spec = RankSpec {
-        np: args.np,
-        master: None,
-        timeout: None,
-        program: exe.display().to_string(),
-        args: vec![
+    run_ranks_for_json(
+        args.np,
+        vec![
             "bench".into(),
             "engine".into(),
             "--worker".into(),
             format!("--cases={}", cases.join(",")),
             format!("--reps={}", args.reps),
         ],
-    };
-    let mut ranks = spawn_capturing(&spec)?;
-    let captured = ranks.captured.take().expect("rank 0 captured");
-    let outcome = ranks.wait()?;
-    let out = captured
-        .join()
-        .map_err(|_| anyhow::anyhow!("reading rank 0's output"))?;
-    if let Some((rank, status)) = outcome.failure {
-        bail!("benchmark rank {rank} failed ({})", describe(status));
-    }
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("rank 0 printed no result")?;
-    serde_json::from_str(line).context("parsing rank 0's result")
+    )
 }
 
 fn finish(report: &Report, args: &EngineBenchArgs) -> Result<()> {

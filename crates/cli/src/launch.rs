@@ -113,6 +113,37 @@ pub fn spawn_capturing(spec: &RankSpec) -> Result<Ranks> {
     spawn_inner(spec, Output::CaptureRank0)
 }
 
+/// Starts `np` ranks of this binary with `args` (a benchmark's `--worker` form), waits for
+/// them all, and parses the last JSON line rank 0 printed.
+pub fn run_ranks_for_json<T: serde::de::DeserializeOwned>(
+    np: usize,
+    args: Vec<String>,
+) -> Result<T> {
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let spec = RankSpec {
+        np,
+        master: None,
+        timeout: None,
+        program: exe.display().to_string(),
+        args,
+    };
+    let mut ranks = spawn_capturing(&spec)?;
+    let captured = ranks.captured.take().expect("rank 0 captured");
+    let outcome = ranks.wait()?;
+    let out = captured
+        .join()
+        .map_err(|_| anyhow::anyhow!("reading rank 0's output"))?;
+    if let Some((rank, status)) = outcome.failure {
+        anyhow::bail!("benchmark rank {rank} failed ({})", describe(status));
+    }
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("rank 0 printed no result")?;
+    serde_json::from_str(line).context("parsing rank 0's result")
+}
+
 /// Starts the ranks with rank 0's output passed through untouched (its progress bar
 /// included) and the other ranks' standard output discarded (`train`).
 pub fn spawn_quiet(spec: &RankSpec) -> Result<Ranks> {
