@@ -12,6 +12,7 @@ mod check;
 mod launch;
 mod plot;
 mod plot_timeline;
+mod ps;
 mod records;
 mod report;
 mod report_render;
@@ -54,9 +55,13 @@ enum Command {
     /// Writes report.md (a table in the style of the DGC, QSGD and TernGrad papers) and
     /// comparison.png into --out.
     Report(report::ReportArgs),
-    /// Measure collectives (`bench allreduce`) or codecs (`bench codecs`).
+    /// Measure collectives (`bench allreduce`), codecs (`bench codecs`) or the engine
+    /// (`bench engine`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The parameter server: `ps serve` runs one shard.
+    #[command(subcommand)]
+    Ps(ps::PsCommand),
 }
 
 fn main() {
@@ -68,6 +73,7 @@ fn main() {
         Command::Train(a) => train::run(&a).map(|()| 0),
         Command::Report(a) => report::run(&a).map(|()| 0),
         Command::Bench(b) => bench::run(b).map(|()| 0),
+        Command::Ps(p) => ps::run(p).map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),
