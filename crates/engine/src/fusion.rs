@@ -215,29 +215,28 @@ impl Exec {
             Kind::Dense => self.dense(t, items, clock),
             Kind::Gather => self.gather(t, items, clock),
             Kind::Sparse => self.sparse(t, items, clock),
-            Kind::Quantized => {
+            // Strategies whose state belongs to one tensor: each reduces alone.
+            Kind::Quantized | Kind::Stripe | Kind::PowerSgd => {
                 clock.mark(Phase::Fuse);
                 for it in items.iter_mut() {
-                    let q = it.state.quantized.as_mut().expect("quantized state");
-                    q.all_reduce(t, it.data, Reduce::Mean)?;
-                }
-                clock.mark(Phase::Wire);
-                Ok(())
-            }
-            Kind::Stripe => {
-                clock.mark(Phase::Fuse);
-                for it in items.iter_mut() {
-                    let s = it.state.stripe.as_mut().expect("stripe state");
-                    s.all_reduce(t, it.data, Reduce::Mean)?;
-                }
-                clock.mark(Phase::Wire);
-                Ok(())
-            }
-            Kind::PowerSgd => {
-                clock.mark(Phase::Fuse);
-                for it in items.iter_mut() {
-                    let p = it.state.powersgd.as_mut().expect("powersgd state");
-                    p.all_reduce(t, it.data, Reduce::Mean)?;
+                    let st = &mut it.state;
+                    match kind {
+                        Kind::Quantized => st
+                            .quantized
+                            .as_mut()
+                            .expect("quantized state")
+                            .all_reduce(t, it.data, Reduce::Mean)?,
+                        Kind::Stripe => st.stripe.as_mut().expect("stripe state").all_reduce(
+                            t,
+                            it.data,
+                            Reduce::Mean,
+                        )?,
+                        _ => st.powersgd.as_mut().expect("powersgd state").all_reduce(
+                            t,
+                            it.data,
+                            Reduce::Mean,
+                        )?,
+                    }
                 }
                 clock.mark(Phase::Wire);
                 Ok(())

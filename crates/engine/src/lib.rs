@@ -95,6 +95,14 @@ pub use stats::{
 pub use timeline::{merge_traces, now_us, Phase, Span};
 pub use wire::{Descriptor, OpKind};
 
+/// Fuzzing entry: decodes a negotiation message and a descriptor list from `buf` as if rank
+/// `peer` had sent them; every input must give a value or a typed error, never a panic.
+#[doc(hidden)]
+pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
+    let _ = wire::Message::decode(peer, buf);
+    let _ = wire::decode_list(peer, buf);
+}
+
 use worker::{lock, Queue, Shared, Submission, Worker};
 
 /// The non-blocking engine of one rank. Submit from any thread (`&self`); the progress
@@ -360,6 +368,12 @@ impl Engine {
     /// Bytes, stragglers, stall reports and cycle count so far.
     pub fn stats(&self) -> EngineStats {
         lock(&self.shared.stats).clone()
+    }
+
+    /// The byte counters alone ([`EngineStats::bytes`]), without copying the per-step and
+    /// straggler records that grow over a run: what a caller reading them every step needs.
+    pub fn bytes(&self) -> ByteStats {
+        lock(&self.shared.stats).bytes.clone()
     }
 
     /// The stall warnings raised so far (the same on every rank).

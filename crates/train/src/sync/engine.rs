@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gradwire_engine::{Engine, EngineConfig, EngineStats, Phase, TensorSpec};
+use gradwire_engine::{ByteStats, Engine, EngineConfig, EngineStats, Phase, TensorSpec};
 use gradwire_transport::Transport;
 
 use super::{GradientSync, OnReady, SyncStats};
@@ -43,8 +43,8 @@ pub struct EngineSync {
     sent: u64,
 }
 
-fn total_sent(s: &EngineStats) -> u64 {
-    s.bytes.wire_bytes + s.bytes.negotiation_bytes + s.bytes.other_bytes
+fn total_sent(b: &ByteStats) -> u64 {
+    b.wire_bytes + b.negotiation_bytes + b.other_bytes
 }
 
 impl EngineSync {
@@ -71,7 +71,7 @@ impl EngineSync {
             ranges.push(off..off + t.len());
             off += t.len();
         }
-        let sent = total_sent(&engine.stats());
+        let sent = total_sent(&engine.bytes());
         Ok(EngineSync {
             engine: Some(engine),
             rank,
@@ -152,7 +152,7 @@ impl GradientSync for EngineSync {
         let engine = self.engine.as_ref().expect("engine present until shutdown");
         engine.set_progress(self.step, self.step as f32 / self.steps_per_epoch as f32);
         self.step += 1;
-        let wire_before = engine.stats().bytes.wire_bytes;
+        let wire_before = engine.bytes().wire_bytes;
         // Output layer first, as a backward pass produces them.
         let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
         let handles = engine.all_reduce_batch(
@@ -175,8 +175,8 @@ impl GradientSync for EngineSync {
             on_ready(r.clone(), &grads[r])?;
             in_callbacks += c0.elapsed();
         }
-        let stats = engine.stats();
-        let sent = total_sent(&stats);
+        let bytes = engine.bytes();
+        let sent = total_sent(&bytes);
         let bytes_sent = sent.saturating_sub(self.sent);
         self.sent = sent;
         let raw = 4 * total as u64;
@@ -184,7 +184,7 @@ impl GradientSync for EngineSync {
             bytes_sent,
             comm_s: t0.elapsed().saturating_sub(in_callbacks).as_secs_f64(),
             raw_bytes: raw,
-            encoded_bytes: stats.bytes.wire_bytes.saturating_sub(wire_before),
+            encoded_bytes: bytes.wire_bytes.saturating_sub(wire_before),
         })
     }
 
