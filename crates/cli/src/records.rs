@@ -118,6 +118,9 @@ pub struct RunRecord {
     /// when the run used it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub momentum_correction: Option<f64>,
+    /// The seed of the run (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// The version, revision and command that made the run (absent in older records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
@@ -251,6 +254,7 @@ pub(crate) mod tests {
             steps_per_epoch: 100,
             epochs,
             momentum_correction: None,
+            seed: None,
             provenance: None,
             engine: None,
         }

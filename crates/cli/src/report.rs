@@ -42,6 +42,17 @@ pub struct ReportArgs {
     /// The codec the differences are measured against.
     #[arg(long, default_value = "none")]
     baseline: String,
+    /// Seeds, comma-separated: each codec runs once per seed, and the report gives the mean
+    /// and the spread (lowest to highest) over them. Without it, one run with train's
+    /// default seed.
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<u64>,
+    /// Rows per codec, comma-separated: `paper` (the codec as its paper specifies it) and
+    /// `mc` (the same codec with `--momentum-correction on`, DGC's momentum correction as a
+    /// gradwire option). `mc` rows are left out for `none` (momentum correction is then the
+    /// same as momentum SGD) and for `dgc` (its paper already includes it).
+    #[arg(long, value_delimiter = ',', default_value = "paper")]
+    variants: Vec<Variant>,
     /// Keep the runs already in `--out` whose `run.json` has all `--epochs` epochs (to resume
     /// an interrupted matrix, or to redo one codec after deleting its directory).
     #[arg(long)]
@@ -49,6 +60,66 @@ pub struct ReportArgs {
     /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
     #[arg(last = true)]
     train_args: Vec<String>,
+}
+
+/// One row kind of the report.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// The codec with its paper's defaults.
+    Paper,
+    /// The codec with `--momentum-correction on`.
+    Mc,
+}
+
+/// One training run of the matrix: a codec, a row kind and a seed.
+#[derive(Debug, PartialEq)]
+struct Job {
+    spec: String,
+    variant: Variant,
+    seed: Option<u64>,
+    dir: PathBuf,
+}
+
+/// The runs of the matrix, codec-major, in the order given; `mc` rows are skipped where
+/// momentum correction is not an option distinct from the paper's algorithm.
+fn plan_jobs(
+    codecs: &[gradwire_codec::CodecConfig],
+    variants: &[Variant],
+    seeds: &[u64],
+    out: &std::path::Path,
+) -> Vec<Job> {
+    let seeds: Vec<Option<u64>> = if seeds.is_empty() {
+        vec![None]
+    } else {
+        seeds.iter().copied().map(Some).collect()
+    };
+    let mut jobs = Vec::new();
+    for codec in codecs {
+        let name = codec.to_string();
+        let family = name.split(':').next().unwrap_or_default();
+        for &variant in variants {
+            if variant == Variant::Mc && matches!(family, "none" | "dgc") {
+                continue;
+            }
+            let mut dir = out.join(sanitize(&name));
+            if variant == Variant::Mc {
+                dir = out.join(format!("{}+mc", sanitize(&name)));
+            }
+            for &seed in &seeds {
+                let dir = match seed {
+                    Some(s) => dir.join(format!("seed-{s}")),
+                    None => dir.clone(),
+                };
+                jobs.push(Job {
+                    spec: name.clone(),
+                    variant,
+                    seed,
+                    dir,
+                });
+            }
+        }
+    }
+    jobs
 }
 
 /// The spec a bare codec name stands for in a report.
@@ -71,50 +142,77 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let parsed = codecs
+        .iter()
+        .map(|name| {
+            let spec = preset(name);
+            spec.parse::<gradwire_codec::CodecConfig>()
+                .with_context(|| format!("codec '{spec}'"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if args.variants.is_empty() {
+        bail!("--variants is empty");
+    }
+    let jobs = plan_jobs(&parsed, &args.variants, &args.seeds, &args.out);
     let mut runs = Vec::new();
-    for (i, name) in codecs.iter().enumerate() {
-        let spec = preset(name);
-        let spec_parsed: gradwire_codec::CodecConfig =
-            spec.parse().with_context(|| format!("codec '{spec}'"))?;
-        let dir = args.out.join(sanitize(&spec_parsed.to_string()));
+    for (i, job) in jobs.iter().enumerate() {
+        let label = format!(
+            "[{}/{}] {}{}{}",
+            i + 1,
+            jobs.len(),
+            job.spec,
+            if job.variant == Variant::Mc {
+                " +momentum correction"
+            } else {
+                ""
+            },
+            job.seed.map_or(String::new(), |s| format!(", seed {s}"))
+        );
         if args.resume {
-            if let Some(run) = finished_run(&dir, args.epochs) {
+            if let Some(run) = finished_run(&job.dir, args.epochs) {
                 eprintln!(
-                    "gradwire report: [{}/{}] {spec_parsed}: kept the finished run in {}",
-                    i + 1,
-                    codecs.len(),
-                    dir.display()
+                    "gradwire report: {label}: kept the finished run in {}",
+                    job.dir.display()
                 );
                 runs.push(run);
                 continue;
             }
         }
-        eprintln!(
-            "gradwire report: [{}/{}] {spec_parsed}",
-            i + 1,
-            codecs.len()
-        );
+        eprintln!("gradwire report: {label}");
         let mut cmd = Command::new(&exe);
-        cmd.args(["train", "--model", &args.model, "--codec", &spec, "--quiet"])
-            .arg("--workers")
-            .arg(args.workers.to_string())
-            .arg("--epochs")
-            .arg(args.epochs.to_string())
-            .arg("--out")
-            .arg(&dir)
-            .args(&args.train_args);
+        cmd.args([
+            "train",
+            "--model",
+            &args.model,
+            "--codec",
+            &job.spec,
+            "--quiet",
+        ])
+        .arg("--workers")
+        .arg(args.workers.to_string())
+        .arg("--epochs")
+        .arg(args.epochs.to_string())
+        .arg("--out")
+        .arg(&job.dir);
+        if let Some(seed) = job.seed {
+            cmd.arg("--seed").arg(seed.to_string());
+        }
+        if job.variant == Variant::Mc {
+            cmd.args(["--momentum-correction", "on"]);
+        }
+        cmd.args(&args.train_args);
         if let Some(d) = &args.dataset {
             cmd.args(["--dataset", d]);
         }
         let status = cmd
             .status()
-            .with_context(|| format!("running gradwire train for {spec}"))?;
+            .with_context(|| format!("running gradwire train for {label}"))?;
         if !status.success() {
-            bail!("training with codec {spec} failed ({status})");
+            bail!("training {label} failed ({status})");
         }
         let run: RunRecord = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("run.json"))
-                .with_context(|| format!("reading {}/run.json", dir.display()))?,
+            &std::fs::read_to_string(job.dir.join("run.json"))
+                .with_context(|| format!("reading {}/run.json", job.dir.display()))?,
         )?;
         runs.push(run);
     }
@@ -181,6 +279,44 @@ fn sanitize(spec: &str) -> String {
 mod tests {
     use super::*;
     use crate::records::tests::{sample_run, scratch_dir};
+
+    #[test]
+    fn the_matrix_skips_mc_rows_that_equal_the_paper_and_nests_seeds() {
+        let codecs: Vec<gradwire_codec::CodecConfig> = ["none", "dgc:ratio=0.001", "qsgd:bits=4"]
+            .iter()
+            .map(|c| c.parse().unwrap())
+            .collect();
+        let out = std::path::Path::new("o");
+        let jobs = plan_jobs(&codecs, &[Variant::Paper, Variant::Mc], &[1, 2], out);
+        let got: Vec<(String, Variant, Option<u64>)> = jobs
+            .iter()
+            .map(|j| (j.spec.clone(), j.variant, j.seed))
+            .collect();
+        let qsgd = codecs[2].to_string();
+        let dgc = codecs[1].to_string();
+        let want = vec![
+            ("none".to_string(), Variant::Paper, Some(1)),
+            ("none".to_string(), Variant::Paper, Some(2)),
+            (dgc.clone(), Variant::Paper, Some(1)),
+            (dgc, Variant::Paper, Some(2)),
+            (qsgd.clone(), Variant::Paper, Some(1)),
+            (qsgd.clone(), Variant::Paper, Some(2)),
+            (qsgd.clone(), Variant::Mc, Some(1)),
+            (qsgd, Variant::Mc, Some(2)),
+        ];
+        assert_eq!(got, want);
+        // Every run has its own directory.
+        let mut dirs: Vec<_> = jobs.iter().map(|j| j.dir.clone()).collect();
+        dirs.sort();
+        dirs.dedup();
+        assert_eq!(dirs.len(), jobs.len());
+        assert!(jobs[6].dir.ends_with("seed-1"), "{:?}", jobs[6].dir);
+        // Without seeds: one run per row, in the row's directory.
+        let single = plan_jobs(&codecs[..1], &[Variant::Paper], &[], out);
+        assert_eq!(single.len(), 1);
+        assert_eq!(single[0].seed, None);
+        assert_eq!(single[0].dir, out.join("none"));
+    }
 
     #[test]
     fn resume_keeps_only_finished_runs() {

@@ -5,17 +5,66 @@ use std::fmt::Write;
 use crate::plot::{human_bytes, COMPARISON_PNG};
 use crate::records::{common_metric, Metric, RunRecord};
 
-/// Renders the report: setup, the command that made it, one table row per run, and the
-/// comparison chart (`comparison.png`, expected beside the Markdown file).
+/// One table row: the runs of one codec with one momentum setting (one per seed).
+struct Row<'a> {
+    runs: Vec<&'a RunRecord>,
+}
+
+impl Row<'_> {
+    fn first(&self) -> &RunRecord {
+        self.runs[0]
+    }
+
+    /// Mean, lowest and highest final metric over the runs that recorded it.
+    fn metric(&self, metric: Metric) -> Option<(f64, f64, f64)> {
+        let v: Vec<f64> = self
+            .runs
+            .iter()
+            .filter_map(|r| r.final_metric(metric))
+            .collect();
+        if v.is_empty() {
+            return None;
+        }
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some((v.iter().sum::<f64>() / v.len() as f64, lo, hi))
+    }
+
+    fn mean(&self, f: impl Fn(&RunRecord) -> f64) -> f64 {
+        self.runs.iter().map(|r| f(r)).sum::<f64>() / self.runs.len() as f64
+    }
+}
+
+/// Groups runs into rows by codec and momentum correction, in first-seen order.
+fn rows(runs: &[RunRecord]) -> Vec<Row<'_>> {
+    let mut rows: Vec<Row<'_>> = Vec::new();
+    for run in runs {
+        let key = |r: &RunRecord| (r.codec.clone(), r.momentum_correction.map(f64::to_bits));
+        match rows.iter_mut().find(|row| key(row.first()) == key(run)) {
+            Some(row) => row.runs.push(run),
+            None => rows.push(Row { runs: vec![run] }),
+        }
+    }
+    rows
+}
+
+/// Renders the report: setup, the command that made it, one table row per codec and
+/// momentum setting, and the comparison chart (`comparison.png`, expected beside the
+/// Markdown file).
 ///
-/// The difference column is in accuracy points, or in percent of the baseline's perplexity;
-/// it reads `n/a` when no run used `baseline_codec`.
+/// Runs of the same codec and momentum setting (several seeds) share a row: it gives the
+/// mean and, in parentheses, the lowest and highest value; bytes, ratio and times are
+/// means. The difference column compares means, in accuracy points or in percent of the
+/// baseline's perplexity; it reads `n/a` when no run used `baseline_codec` (without
+/// momentum correction, if such a run exists).
 pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) -> String {
     let metric = common_metric(runs);
-    let baseline = runs
+    let rows = rows(runs);
+    let baseline_row = rows
         .iter()
-        .find(|r| r.codec == baseline_codec)
-        .and_then(|r| r.final_metric(metric));
+        .filter(|r| r.first().codec == baseline_codec)
+        .min_by_key(|r| r.first().momentum_correction.is_some());
+    let baseline = baseline_row.and_then(|r| r.metric(metric)).map(|m| m.0);
     let mut md = String::new();
     let title = match runs.first() {
         Some(r) => format!("{} on {}", r.model, r.dataset),
@@ -41,7 +90,21 @@ pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) 
         "- steps per epoch: {}",
         distinct(runs, |r| r.steps_per_epoch.to_string())
     );
+    if runs.iter().any(|r| r.seed.is_some()) {
+        let _ = writeln!(
+            md,
+            "- seeds: {}",
+            distinct(runs, |r| r.seed.map_or("?".into(), |s| s.to_string()))
+        );
+    }
     let _ = writeln!(md, "- baseline: `{}`\n", escape(baseline_codec));
+    if rows.iter().any(|r| r.runs.len() > 1) {
+        let _ = writeln!(
+            md,
+            "A row with several runs (seeds) gives the mean and, in parentheses, the lowest and \
+             highest value; the other columns are means.\n"
+        );
+    }
 
     let diff_head = match metric {
         Metric::Accuracy => format!("difference from {} (points)", escape(baseline_codec)),
@@ -53,27 +116,38 @@ pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) 
         metric.label()
     );
     let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|");
-    for run in runs {
-        let value = run.final_metric(metric);
-        let diff = if run.codec == baseline_codec {
+    for row in &rows {
+        let run = row.first();
+        let value = row.metric(metric);
+        let is_baseline = baseline_row.is_some_and(|b| std::ptr::eq(b.first(), run));
+        let diff = if is_baseline {
             "(baseline)".to_string()
         } else {
             match (value, baseline) {
-                (Some(v), Some(b)) => difference(metric, v, b),
+                (Some((v, _, _)), Some(b)) => difference(metric, v, b),
                 _ => "n/a".to_string(),
             }
         };
+        let shown = match value {
+            None => "n/a".to_string(),
+            Some((v, _, _)) if row.runs.len() == 1 => format!("{v:.2}"),
+            Some((v, lo, hi)) => format!("{v:.2} ({lo:.2}–{hi:.2})"),
+        };
         let _ = writeln!(
             md,
-            "| {}{} | {} | {diff} | {} | {:.1}× | {:.1} | {:.1} |",
+            "| {}{}{} | {shown} | {diff} | {} | {:.1}× | {:.1} | {:.1} |",
             escape(&run.codec),
             run.momentum_correction
                 .map_or(String::new(), |b| format!(" (momentum correction {b})")),
-            value.map_or("n/a".to_string(), |v| format!("{v:.2}")),
-            human_bytes(run.bytes_per_step()),
-            run.compression_ratio(),
-            run.total_wall_s(),
-            run.total_comm_s(),
+            if row.runs.len() > 1 {
+                format!(" ×{} runs", row.runs.len())
+            } else {
+                String::new()
+            },
+            human_bytes(row.mean(RunRecord::bytes_per_step)),
+            row.mean(RunRecord::compression_ratio),
+            row.mean(RunRecord::total_wall_s),
+            row.mean(RunRecord::total_comm_s),
         );
     }
     if baseline.is_none() {
@@ -157,6 +231,39 @@ mod tests {
         let md = render_markdown(&runs, "dense", "gradwire report");
         assert!(md.contains("final val perplexity"), "{md}");
         assert!(md.contains("| qsgd | 42.00 | +5.0% |"), "{md}");
+    }
+
+    #[test]
+    fn seeds_share_a_row_with_mean_and_range_and_mc_rows_stay_apart() {
+        let mut runs = vec![
+            sample_run("dense", &[0.80], 4_000_000),
+            sample_run("dense", &[0.82], 4_000_000),
+            sample_run("qsgd", &[0.70], 1_000_000),
+            sample_run("qsgd", &[0.74], 3_000_000),
+            sample_run("qsgd", &[0.78], 1_000_000),
+            sample_run("qsgd", &[0.79], 1_000_000),
+        ];
+        runs[5].momentum_correction = Some(0.9);
+        for (i, r) in runs.iter_mut().enumerate() {
+            r.seed = Some(i as u64);
+        }
+        let md = render_markdown(&runs, "dense", "gradwire report --seeds 1,2,3");
+        // dense: mean 81, range 80-82; baseline.
+        assert!(
+            md.contains("| dense ×2 runs | 81.00 (80.00–82.00) | (baseline) |"),
+            "{md}"
+        );
+        // qsgd paper rows: mean (70+74+78)/3 = 74, -7 points; bytes mean 5e6/3/100 steps.
+        assert!(
+            md.contains("| qsgd ×3 runs | 74.00 (70.00–78.00) | -7.00 | 16.7 kB |"),
+            "{md}"
+        );
+        // The momentum-correction run keeps its own row, against the same baseline mean.
+        assert!(
+            md.contains("| qsgd (momentum correction 0.9) | 79.00 | -2.00 | 10.0 kB |"),
+            "{md}"
+        );
+        assert!(md.contains("- seeds: 0, 1, 2, 3, 4, 5"), "{md}");
     }
 
     #[test]

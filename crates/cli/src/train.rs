@@ -551,6 +551,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         steps_per_epoch: steps,
         epochs: Vec::new(),
         momentum_correction: plan.momentum_correction.map(|(beta, _)| beta),
+        seed: Some(plan.train.seed),
         provenance: Some(crate::records::Provenance::current()),
         engine: None,
     };
