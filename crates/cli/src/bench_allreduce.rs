@@ -16,16 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::launch::run_ranks_for_json;
 use crate::size::{format_size, parse_size};
-
-/// Which transport the benchmark ranks use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    /// P processes, full TCP mesh on loopback.
-    Tcp,
-    /// P threads of this process.
-    Local,
-}
+pub use crate::world::TransportKind;
 
 /// Which collective to time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -48,8 +39,9 @@ pub struct AllreduceBenchArgs {
     /// Message sizes in bytes, comma-separated (4KiB, 1MiB, ...).
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4KiB,64KiB,1MiB,16MiB,64MiB")]
     sizes: Vec<usize>,
-    /// Transport between the ranks.
-    #[arg(long, value_enum, default_value = "tcp")]
+    /// Without a launcher, P processes (tcp, shm) or P threads (local); under one, the
+    /// transport each rank joins with (help text: `TRANSPORT_HELP`).
+    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
     transport: TransportKind,
     /// Algorithm: auto, ring, rd, rabenseifner.
     #[arg(long, default_value = "auto")]
@@ -80,7 +72,7 @@ pub struct AllreduceBenchArgs {
 pub struct Report {
     /// Collective timed.
     pub op: BenchOp,
-    /// Transport used.
+    /// Transport used (never `auto`: the one it resolved to).
     pub transport: TransportKind,
     /// Number of ranks.
     pub np: usize,
@@ -110,10 +102,14 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
         bail!("every size must be at least 4 bytes (one f32)");
     }
     let launched = crate::world::detect()?;
-    if args.worker || (launched.is_some() && args.transport == TransportKind::Tcp) {
+    let kind = args.transport.resolve();
+    if args.worker
+        || (launched.is_some() && kind != TransportKind::Local)
+        || kind == TransportKind::Mpi
+    {
         let mut t = match &launched {
-            Some(l) => crate::world::join(l)?,
-            None => crate::world::join_from_env()?,
+            Some(l) => crate::world::join_with(kind, l)?,
+            None => crate::world::join_from_env(kind)?,
         };
         let rank = t.rank();
         let report = match link_config(args, t.world_size())? {
@@ -129,10 +125,14 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if launched.is_some() {
+        // `local` under a launcher: every rank would run its own threads.
+        bail!("--transport local runs P threads of one process: start it without a launcher");
+    }
     if args.np == 0 {
         bail!("--np must be at least 1");
     }
-    let report = match args.transport {
+    let report = match kind {
         TransportKind::Local => {
             let world: Vec<Box<dyn Transport>> = match link_config(args, args.np)? {
                 Some(cfg) => Throttled::wrap_all(Local::world(args.np), &cfg)
@@ -160,7 +160,7 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
             }
             reports.swap_remove(0)
         }
-        TransportKind::Tcp => run_processes(args)?,
+        _ => run_processes(args, kind)?,
     };
     finish(&report, args)
 }
@@ -178,8 +178,13 @@ pub fn link_arg(s: &str) -> std::result::Result<String, gradwire_transport::link
     s.parse::<LinkConfig>().map(|_| s.to_string())
 }
 
-fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
-    let mut child_args = vec!["bench".to_string(), "allreduce".into(), "--worker".into()];
+fn run_processes(args: &AllreduceBenchArgs, kind: TransportKind) -> Result<Report> {
+    let mut child_args = vec![
+        "bench".to_string(),
+        "allreduce".into(),
+        "--worker".into(),
+        format!("--transport={kind}"),
+    ];
     child_args.push(format!(
         "--sizes={}",
         args.sizes
@@ -296,7 +301,7 @@ fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Resul
     }
     Ok(Report {
         op: args.op,
-        transport: args.transport,
+        transport: args.transport.resolve(),
         np,
         algo: args.algo.to_string(),
         results,

@@ -19,12 +19,15 @@ pub struct CheckArgs {
     /// Algorithm: auto, ring, rd, rabenseifner.
     #[arg(long, default_value = "auto")]
     algo: Algorithm,
+    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
+    transport: crate::world::TransportKind,
 }
 
 /// Runs the check on this rank.
 pub fn run(args: &CheckArgs) -> Result<()> {
-    let mut t = crate::world::join_from_env()?;
+    let mut t = crate::world::join_from_env(args.transport)?;
     let (rank, world) = (t.rank(), t.world_size());
+    let transport = args.transport.resolve();
     let mut buf = vec![0f32; args.elements];
     // Integer-valued inputs: the sum is exact whatever the reduction order.
     let total = (world * (world + 1) / 2) as f32;
@@ -46,7 +49,8 @@ pub fn run(args: &CheckArgs) -> Result<()> {
             );
         }
         println!(
-            "rank {rank}/{world}: iteration {iter}: all-reduce of {} elements ok ({ms:.2} ms)",
+            "rank {rank}/{world} ({transport}): iteration {iter}: all-reduce of {} elements ok \
+             ({ms:.2} ms)",
             args.elements
         );
     }
