@@ -83,6 +83,9 @@ pub struct Report {
     /// The version, revision and command that made the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<crate::records::Provenance>,
+    /// The hosts when the all-reduce ran hierarchically (`2 hosts (2+2 ranks)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchy: Option<String>,
 }
 
 /// The timing of one size.
@@ -113,8 +116,15 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
         };
         let rank = t.rank();
         let report = match link_config(args, t.world_size())? {
-            Some(cfg) => measure(&mut Throttled::new(t, &cfg), args)?,
-            None => measure(&mut t, args)?,
+            Some(cfg) => {
+                let mut t = Throttled::new(t, &cfg);
+                let hier = hierarchy(&mut t, kind)?;
+                measure(&mut t, hier, args)?
+            }
+            None => {
+                let hier = hierarchy(&mut t, kind)?;
+                measure(&mut t, hier, args)?
+            }
         };
         if rank == 0 {
             if args.worker {
@@ -148,7 +158,7 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
                 .into_iter()
                 .map(|mut t| {
                     let a = args.clone();
-                    std::thread::spawn(move || measure(&mut t, &a))
+                    std::thread::spawn(move || measure(&mut t, None, &a))
                 })
                 .collect();
             let mut reports = Vec::new();
@@ -163,6 +173,15 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
         _ => run_processes(args, kind)?,
     };
     finish(&report, args)
+}
+
+/// The hierarchical all-reduce when the ranks' hosts call for it (TCP jobs only; see
+/// [`crate::hier`]).
+fn hierarchy<T: Transport>(t: &mut T, kind: TransportKind) -> Result<Option<crate::hier::Hier>> {
+    if kind != TransportKind::Tcp {
+        return Ok(None);
+    }
+    crate::hier::detect(t)
 }
 
 /// `--link`, else GRADWIRE_LINK.
@@ -222,8 +241,14 @@ fn finish(report: &Report, args: &AllreduceBenchArgs) -> Result<()> {
 
 fn print_table(r: &Report) {
     println!(
-        "# {:?} over {} ranks, transport {:?}, algo {}",
-        r.op, r.np, r.transport, r.algo
+        "# {:?} over {} ranks, transport {:?}, algo {}{}",
+        r.op,
+        r.np,
+        r.transport,
+        r.algo,
+        r.hierarchy
+            .as_ref()
+            .map_or(String::new(), |h| format!(", hierarchical over {h}"))
     );
     println!("{:>10} {:>12} {:>12}", "size", "median_us", "busbw_GB/s");
     for x in &r.results {
@@ -242,7 +267,11 @@ fn iterations(bytes: usize, requested: Option<usize>) -> usize {
 }
 
 /// Times every size on this rank; all ranks return the same report.
-fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Result<Report> {
+fn measure<T: Transport>(
+    t: &mut T,
+    mut hier: Option<crate::hier::Hier>,
+    args: &AllreduceBenchArgs,
+) -> Result<Report> {
     let np = t.world_size();
     let mut results = Vec::new();
     for &bytes in &args.sizes {
@@ -263,7 +292,10 @@ fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Resul
             t.barrier()?;
             let start = Instant::now();
             match args.op {
-                BenchOp::Allreduce => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
+                BenchOp::Allreduce => match hier.as_mut() {
+                    Some(h) => h.all_reduce(t, &mut buf, ReduceOp::Sum)?,
+                    None => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
+                },
                 BenchOp::Allgather => t.all_gather_into(&buf[..mine], &mut out)?,
                 BenchOp::Broadcast => t.broadcast(&mut buf, 0)?,
             }
@@ -306,5 +338,6 @@ fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Resul
         algo: args.algo.to_string(),
         results,
         provenance: Some(crate::records::Provenance::current()),
+        hierarchy: hier.as_ref().map(crate::hier::Hier::describe),
     })
 }

@@ -502,3 +502,59 @@ fn train_over_shm_workers() {
     assert!(out_dir.join("run.json").is_file());
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// Ranks declared on different hosts (`GRADWIRE_HOSTS`): `check` and `bench allreduce` go
+/// hierarchical (shared memory within a declared host, TCP between the leaders) and still
+/// reduce exactly.
+#[test]
+fn declared_hosts_make_the_all_reduce_hierarchical() {
+    for (hosts, n, want) in [
+        ("a,a,b,b", "4", "(tcp+shm, 2 hosts (2+2 ranks))"),
+        ("x,y,x", "3", "(tcp+shm, 2 hosts (2+1 ranks))"),
+    ] {
+        let mut cmd = gradwire();
+        cmd.env("GRADWIRE_HOSTS", hosts)
+            .args(["launch", "-n", n, "--", env!("CARGO_BIN_EXE_gradwire")])
+            .args(["check", "--elements", "100003", "--iters", "2"]);
+        let out = output_within(cmd, Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let n: usize = n.parse().unwrap();
+        for r in 0..n {
+            let line = format!("[{r}] rank {r}/{n} {want}: iteration 1: all-reduce of 100003");
+            assert!(stdout.contains(&line), "{line:?} not in:\n{stdout}");
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("gradwire-bench-hier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("hier.json");
+    let mut cmd = gradwire();
+    cmd.env("GRADWIRE_HOSTS", "a,a,b,b")
+        .args([
+            "bench",
+            "allreduce",
+            "--np",
+            "4",
+            "--sizes",
+            "4KiB,1MiB",
+            "--iters",
+            "3",
+        ])
+        .arg("--json")
+        .arg(&json);
+    let out = output_within(cmd, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["hierarchy"], "2 hosts (2+2 ranks)", "{v}");
+    assert_eq!(v["transport"], "tcp");
+    let _ = std::fs::remove_dir_all(&dir);
+}

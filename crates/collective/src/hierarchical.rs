@@ -213,28 +213,52 @@ impl<L: Transport, C: Transport> Hierarchy<L, C> {
     /// The hierarchical all-reduce of `buf` with `op` (see the module doc); every rank of
     /// the job calls it with the same length. Errors name job ranks.
     pub fn all_reduce<E: Element>(&mut self, buf: &mut [E], op: ReduceOp) -> Result<()> {
-        let step_op = if op == ReduceOp::Mean {
-            ReduceOp::Sum
-        } else {
-            op
-        };
-        let local_ranks = &self.local_ranks;
-        let to_job = |i: usize| local_ranks.get(i).copied().unwrap_or(i);
-        reduce_to_leader(&mut self.local, buf, step_op).map_err(|e| e.map_ranks(to_job))?;
-        if let Some(cross) = self.cross.as_mut() {
-            let leaders = &self.leader_ranks;
-            cross
-                .all_reduce(buf, step_op)
-                .map_err(|e| e.map_ranks(|i| leaders.get(i).copied().unwrap_or(i)))?;
-        }
-        if self.local.world_size() > 1 {
-            self.local
-                .broadcast(buf, 0)
-                .map_err(|e| e.map_ranks(to_job))?;
-        }
-        finish(op, buf, self.world);
-        Ok(())
+        all_reduce(
+            &mut self.local,
+            self.cross.as_mut(),
+            &self.local_ranks,
+            &self.leader_ranks,
+            self.world,
+            buf,
+            op,
+        )
     }
+}
+
+/// [`Hierarchy::all_reduce`] over borrowed transports: `local` among this host's ranks
+/// (job ranks `local_ranks`), `cross` among the leaders (job ranks `leader_ranks`; `Some`
+/// on leaders only), `world` ranks in the job.
+pub fn all_reduce<L, C, E>(
+    local: &mut L,
+    cross: Option<&mut C>,
+    local_ranks: &[usize],
+    leader_ranks: &[usize],
+    world: usize,
+    buf: &mut [E],
+    op: ReduceOp,
+) -> Result<()>
+where
+    L: Transport + ?Sized,
+    C: Transport + ?Sized,
+    E: Element,
+{
+    let step_op = if op == ReduceOp::Mean {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    let to_job = |i: usize| local_ranks.get(i).copied().unwrap_or(i);
+    reduce_to_leader(local, buf, step_op).map_err(|e| e.map_ranks(to_job))?;
+    if let Some(cross) = cross {
+        cross
+            .all_reduce(buf, step_op)
+            .map_err(|e| e.map_ranks(|i| leader_ranks.get(i).copied().unwrap_or(i)))?;
+    }
+    if local.world_size() > 1 {
+        local.broadcast(buf, 0).map_err(|e| e.map_ranks(to_job))?;
+    }
+    finish(op, buf, world);
+    Ok(())
 }
 
 /// Step 1: local reduce-scatter, then every chunk to local rank 0 (whose `buf` ends up
