@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI for the MPI transport (gradwire-transport feature `mpi`): installs Open MPI and libclang
-# (rsmpi's build needs both), then runs the collective suite under `mpirun -np 2, 3 and 4`.
+# (rsmpi's build needs both), then runs the collective suite under `mpirun -np 1, 2, 3 and 4`
+# and the README's `mpirun` and `srun` lines with the CLI built with MPI.
 # `.ci/run` calls this after its own checks; it can also run on its own from the repo root.
 # GRADWIRE_REQUIRE_MPI=1 makes a missing `mpirun` a failure instead of a loud skip.
 set -euo pipefail
@@ -22,3 +23,10 @@ cargo clippy -p gradwire-transport -p gradwire-collective --all-targets --featur
 cargo test -p gradwire-transport --features mpi --lib
 GRADWIRE_REQUIRE_MPI=1 GRADWIRE_MPI_TEST_TIMEOUT=600 \
     cargo test -p gradwire-collective --features mpi,test-util --test mpi
+
+# The CLI built with MPI (workspace-wide, so burn's features and build are those of the main
+# CI run): clippy, then the README's `mpirun -np 3` and `srun -n 3` lines of `gradwire check`
+# and `gradwire train`, run as written (crates/cli/tests/mpirun.rs; srun through a stand-in).
+cargo clippy --workspace --all-targets --features gradwire/mpi -- -D warnings
+GRADWIRE_REQUIRE_MPI=1 GRADWIRE_MPI_TEST_TIMEOUT=600 \
+    cargo test --workspace --features gradwire/mpi --test mpirun

@@ -16,16 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::launch::run_ranks_for_json;
 use crate::size::{format_size, parse_size};
-
-/// Which transport the benchmark ranks use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    /// P processes, full TCP mesh on loopback.
-    Tcp,
-    /// P threads of this process.
-    Local,
-}
+pub use crate::world::TransportKind;
 
 /// Which collective to time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -48,8 +39,9 @@ pub struct AllreduceBenchArgs {
     /// Message sizes in bytes, comma-separated (4KiB, 1MiB, ...).
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4KiB,64KiB,1MiB,16MiB,64MiB")]
     sizes: Vec<usize>,
-    /// Transport between the ranks.
-    #[arg(long, value_enum, default_value = "tcp")]
+    /// Without a launcher, P processes (tcp, shm) or P threads (local); under one, the
+    /// transport each rank joins with (help text: `TRANSPORT_HELP`).
+    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
     transport: TransportKind,
     /// Algorithm: auto, ring, rd, rabenseifner.
     #[arg(long, default_value = "auto")]
@@ -80,7 +72,7 @@ pub struct AllreduceBenchArgs {
 pub struct Report {
     /// Collective timed.
     pub op: BenchOp,
-    /// Transport used.
+    /// Transport used (never `auto`: the one it resolved to).
     pub transport: TransportKind,
     /// Number of ranks.
     pub np: usize,
@@ -91,6 +83,9 @@ pub struct Report {
     /// The version, revision and command that made the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<crate::records::Provenance>,
+    /// The hosts when the all-reduce ran hierarchically (`2 hosts (2+2 ranks)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchy: Option<String>,
 }
 
 /// The timing of one size.
@@ -110,15 +105,26 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
         bail!("every size must be at least 4 bytes (one f32)");
     }
     let launched = crate::world::detect()?;
-    if args.worker || (launched.is_some() && args.transport == TransportKind::Tcp) {
+    let kind = args.transport.resolve();
+    if args.worker
+        || (launched.is_some() && kind != TransportKind::Local)
+        || kind == TransportKind::Mpi
+    {
         let mut t = match &launched {
-            Some(l) => crate::world::join(l)?,
-            None => crate::world::join_from_env()?,
+            Some(l) => crate::world::join_with(kind, l)?,
+            None => crate::world::join_from_env(kind)?,
         };
         let rank = t.rank();
         let report = match link_config(args, t.world_size())? {
-            Some(cfg) => measure(&mut Throttled::new(t, &cfg), args)?,
-            None => measure(&mut t, args)?,
+            Some(cfg) => {
+                let mut t = Throttled::new(t, &cfg);
+                let hier = hierarchy(&mut t, kind)?;
+                measure(&mut t, hier, args)?
+            }
+            None => {
+                let hier = hierarchy(&mut t, kind)?;
+                measure(&mut t, hier, args)?
+            }
         };
         if rank == 0 {
             if args.worker {
@@ -129,10 +135,14 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if launched.is_some() {
+        // `local` under a launcher: every rank would run its own threads.
+        bail!("--transport local runs P threads of one process: start it without a launcher");
+    }
     if args.np == 0 {
         bail!("--np must be at least 1");
     }
-    let report = match args.transport {
+    let report = match kind {
         TransportKind::Local => {
             let world: Vec<Box<dyn Transport>> = match link_config(args, args.np)? {
                 Some(cfg) => Throttled::wrap_all(Local::world(args.np), &cfg)
@@ -148,7 +158,7 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
                 .into_iter()
                 .map(|mut t| {
                     let a = args.clone();
-                    std::thread::spawn(move || measure(&mut t, &a))
+                    std::thread::spawn(move || measure(&mut t, None, &a))
                 })
                 .collect();
             let mut reports = Vec::new();
@@ -160,9 +170,18 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
             }
             reports.swap_remove(0)
         }
-        TransportKind::Tcp => run_processes(args)?,
+        _ => run_processes(args, kind)?,
     };
     finish(&report, args)
+}
+
+/// The hierarchical all-reduce when the ranks' hosts call for it (TCP jobs only; see
+/// [`crate::hier`]).
+fn hierarchy<T: Transport>(t: &mut T, kind: TransportKind) -> Result<Option<crate::hier::Hier>> {
+    if kind != TransportKind::Tcp {
+        return Ok(None);
+    }
+    crate::hier::detect(t)
 }
 
 /// `--link`, else GRADWIRE_LINK.
@@ -178,8 +197,13 @@ pub fn link_arg(s: &str) -> std::result::Result<String, gradwire_transport::link
     s.parse::<LinkConfig>().map(|_| s.to_string())
 }
 
-fn run_processes(args: &AllreduceBenchArgs) -> Result<Report> {
-    let mut child_args = vec!["bench".to_string(), "allreduce".into(), "--worker".into()];
+fn run_processes(args: &AllreduceBenchArgs, kind: TransportKind) -> Result<Report> {
+    let mut child_args = vec![
+        "bench".to_string(),
+        "allreduce".into(),
+        "--worker".into(),
+        format!("--transport={kind}"),
+    ];
     child_args.push(format!(
         "--sizes={}",
         args.sizes
@@ -217,8 +241,14 @@ fn finish(report: &Report, args: &AllreduceBenchArgs) -> Result<()> {
 
 fn print_table(r: &Report) {
     println!(
-        "# {:?} over {} ranks, transport {:?}, algo {}",
-        r.op, r.np, r.transport, r.algo
+        "# {:?} over {} ranks, transport {:?}, algo {}{}",
+        r.op,
+        r.np,
+        r.transport,
+        r.algo,
+        r.hierarchy
+            .as_ref()
+            .map_or(String::new(), |h| format!(", hierarchical over {h}"))
     );
     println!("{:>10} {:>12} {:>12}", "size", "median_us", "busbw_GB/s");
     for x in &r.results {
@@ -237,7 +267,11 @@ fn iterations(bytes: usize, requested: Option<usize>) -> usize {
 }
 
 /// Times every size on this rank; all ranks return the same report.
-fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Result<Report> {
+fn measure<T: Transport>(
+    t: &mut T,
+    mut hier: Option<crate::hier::Hier>,
+    args: &AllreduceBenchArgs,
+) -> Result<Report> {
     let np = t.world_size();
     let mut results = Vec::new();
     for &bytes in &args.sizes {
@@ -258,7 +292,10 @@ fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Resul
             t.barrier()?;
             let start = Instant::now();
             match args.op {
-                BenchOp::Allreduce => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
+                BenchOp::Allreduce => match hier.as_mut() {
+                    Some(h) => h.all_reduce(t, &mut buf, ReduceOp::Sum)?,
+                    None => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
+                },
                 BenchOp::Allgather => t.all_gather_into(&buf[..mine], &mut out)?,
                 BenchOp::Broadcast => t.broadcast(&mut buf, 0)?,
             }
@@ -296,10 +333,11 @@ fn measure<T: Transport + ?Sized>(t: &mut T, args: &AllreduceBenchArgs) -> Resul
     }
     Ok(Report {
         op: args.op,
-        transport: args.transport,
+        transport: args.transport.resolve(),
         np,
         algo: args.algo.to_string(),
         results,
         provenance: Some(crate::records::Provenance::current()),
+        hierarchy: hier.as_ref().map(crate::hier::Hier::describe),
     })
 }

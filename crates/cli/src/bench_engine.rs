@@ -29,8 +29,7 @@ pub struct EngineBenchArgs {
     /// Timed repetitions per mode (after one warm-up).
     #[arg(long, default_value_t = 30)]
     reps: usize,
-    /// tcp: P processes on loopback; local: P threads of this process.
-    #[arg(long, value_enum, default_value = "tcp")]
+    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
     transport: TransportKind,
     /// Write the results as JSON.
     #[arg(long)]
@@ -62,7 +61,7 @@ pub struct Report {
     pub np: usize,
     /// One entry per case.
     pub results: Vec<CaseResult>,
-    /// Transport used.
+    /// Transport used (the one `auto` resolved to).
     pub transport: TransportKind,
     /// Timed repetitions per mode.
     pub reps: usize,
@@ -83,8 +82,7 @@ fn case_result(r: &BenchResult) -> CaseResult {
 
 /// Every case on one rank; rank 0's results are the report's (the engine's timings are
 /// taken after a barrier, so every rank measures the same steps).
-fn measure<T: Transport + 'static>(t: T, args: &EngineBenchArgs) -> Result<Vec<CaseResult>> {
-    let mut t: Box<dyn Transport> = Box::new(t);
+fn measure(mut t: Box<dyn Transport>, args: &EngineBenchArgs) -> Result<Vec<CaseResult>> {
     let mut out = Vec::new();
     for &case in &args.cases {
         let (r, back) = bench::run(t, case, args.reps, EngineConfig::default())
@@ -101,10 +99,14 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
         bail!("--np must be at least 1");
     }
     let launched = crate::world::detect()?;
-    if args.worker || (launched.is_some() && args.transport == TransportKind::Tcp) {
+    let kind = args.transport.resolve();
+    if args.worker
+        || (launched.is_some() && kind != TransportKind::Local)
+        || kind == TransportKind::Mpi
+    {
         let t = match &launched {
-            Some(l) => crate::world::join(l)?,
-            None => crate::world::join_from_env()?,
+            Some(l) => crate::world::join_with(kind, l)?,
+            None => crate::world::join_from_env(kind)?,
         };
         let (rank, np) = (t.rank(), t.world_size());
         let results = measure(t, args)?;
@@ -118,13 +120,16 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let report = match args.transport {
+    if launched.is_some() {
+        bail!("--transport local runs P threads of one process: start it without a launcher");
+    }
+    let report = match kind {
         TransportKind::Local => {
             let handles: Vec<_> = Local::world(args.np)
                 .into_iter()
                 .map(|t| {
                     let a = args.clone();
-                    std::thread::spawn(move || measure(t, &a))
+                    std::thread::spawn(move || measure(Box::new(t), &a))
                 })
                 .collect();
             let mut all = Vec::new();
@@ -136,8 +141,8 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
             }
             report(args.np, all.swap_remove(0), args)
         }
-        TransportKind::Tcp => {
-            let mut r = run_processes(args)?;
+        _ => {
+            let mut r = run_processes(args, kind)?;
             r.provenance = Some(crate::records::Provenance::current());
             r
         }
@@ -149,13 +154,13 @@ fn report(np: usize, results: Vec<CaseResult>, args: &EngineBenchArgs) -> Report
     Report {
         np,
         results,
-        transport: args.transport,
+        transport: args.transport.resolve(),
         reps: args.reps,
         provenance: Some(crate::records::Provenance::current()),
     }
 }
 
-fn run_processes(args: &EngineBenchArgs) -> Result<Report> {
+fn run_processes(args: &EngineBenchArgs, kind: TransportKind) -> Result<Report> {
     let cases: Vec<&str> = args.cases.iter().map(|c| c.name()).collect();
     run_ranks_for_json(
         args.np,
@@ -163,6 +168,7 @@ fn run_processes(args: &EngineBenchArgs) -> Result<Report> {
             "bench".into(),
             "engine".into(),
             "--worker".into(),
+            format!("--transport={kind}"),
             format!("--cases={}", cases.join(",")),
             format!("--reps={}", args.reps),
         ],

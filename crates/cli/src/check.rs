@@ -19,12 +19,22 @@ pub struct CheckArgs {
     /// Algorithm: auto, ring, rd, rabenseifner.
     #[arg(long, default_value = "auto")]
     algo: Algorithm,
+    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
+    transport: crate::world::TransportKind,
 }
 
 /// Runs the check on this rank.
 pub fn run(args: &CheckArgs) -> Result<()> {
-    let mut t = crate::world::join_from_env()?;
+    let mut t = crate::world::join_from_env(args.transport)?;
     let (rank, world) = (t.rank(), t.world_size());
+    let mut transport = args.transport.resolve().to_string();
+    let mut hier = None;
+    if args.transport.resolve() == crate::world::TransportKind::Tcp {
+        hier = crate::hier::detect(&mut *t)?;
+        if let Some(h) = &hier {
+            transport = format!("tcp+shm, {}", h.describe());
+        }
+    }
     let mut buf = vec![0f32; args.elements];
     // Integer-valued inputs: the sum is exact whatever the reduction order.
     let total = (world * (world + 1) / 2) as f32;
@@ -33,7 +43,10 @@ pub fn run(args: &CheckArgs) -> Result<()> {
             *x = ((rank + 1) * (i % 7 + iter)) as f32;
         }
         let start = Instant::now();
-        t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?;
+        match hier.as_mut() {
+            Some(h) => h.all_reduce(&mut *t, &mut buf, ReduceOp::Sum)?,
+            None => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
+        }
         let ms = start.elapsed().as_secs_f64() * 1e3;
         if let Some((i, x)) = buf
             .iter()
@@ -46,7 +59,8 @@ pub fn run(args: &CheckArgs) -> Result<()> {
             );
         }
         println!(
-            "rank {rank}/{world}: iteration {iter}: all-reduce of {} elements ok ({ms:.2} ms)",
+            "rank {rank}/{world} ({transport}): iteration {iter}: all-reduce of {} elements ok \
+             ({ms:.2} ms)",
             args.elements
         );
     }

@@ -9,6 +9,7 @@ mod bench_allreduce;
 mod bench_codecs;
 mod bench_engine;
 mod check;
+mod hier;
 mod launch;
 mod plot;
 mod plot_timeline;

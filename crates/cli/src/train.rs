@@ -134,9 +134,13 @@ pub struct TrainArgs {
     /// Directory for metrics.jsonl, run.json and the plots (default out/<model>-<codec>).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Run the workers as threads of this process instead of processes.
+    /// Run the workers as threads of this process instead of processes (`--transport
+    /// local` does the same).
     #[arg(long)]
     pub threads_as_workers: bool,
+    /// The transport between the ranks (help text: `world::TRANSPORT_HELP`).
+    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
+    pub transport: crate::world::TransportKind,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -444,13 +448,15 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let launched = crate::world::detect()?;
     let plan = args.plan(Host::detect(launched.as_ref()))?;
     if let Some(l) = &launched {
-        let t = crate::world::join(l)?;
+        let t = crate::world::join_with(args.transport, l)?;
         return run_linked(t, &plan, args.quiet);
     }
     if args.worker {
         bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
     }
-    if plan.workers == 1 || args.threads_as_workers {
+    crate::world::check_unlaunched(args.transport)?;
+    let local = args.transport == crate::world::TransportKind::Local;
+    if plan.workers == 1 || args.threads_as_workers || local {
         let mut world = Local::world(plan.workers);
         let rest: Vec<_> = world
             .drain(1..)

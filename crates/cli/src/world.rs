@@ -1,9 +1,76 @@
 //! Joining a job: one launcher detection for `train`, `bench` and `check`, and the transport
-//! a rank uses, from the environment its launcher set.
+//! a rank uses (`--transport`), from the environment its launcher set.
+//!
+//! Transports: `tcp` (gradwire's full mesh, rendezvous at rank 0), `shm` (shared-memory
+//! rings; every rank on one host), `mpi` (point to point over `MPI_COMM_WORLD`; needs a
+//! binary built with `--features mpi` and an MPI launcher), `local` (threads of one process,
+//! only without a launcher). `auto`, the default, is `mpi` when an MPI launcher started the
+//! process (`mpirun`, `mpiexec`, `srun --mpi=pmix`) and the binary has MPI, else `tcp`.
 
 use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
 use gradwire_transport::env::{local_size_from, tcp_config_from_env};
 use gradwire_transport::tcp::{Tcp, TcpConfig};
+use gradwire_transport::Transport;
+use serde::{Deserialize, Serialize};
+
+/// The help text shared by every `--transport` flag.
+pub const TRANSPORT_HELP: &str = "Transport between the ranks: tcp (full mesh), shm (shared \
+    memory, every rank on one host), mpi (needs a build with --features mpi and mpirun/srun), \
+    local (threads of this process), or auto: mpi when started by an MPI launcher (mpirun, \
+    mpiexec, srun --mpi=pmix) and built with MPI, else tcp";
+
+/// Which transport the ranks of a job use (`--transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// `mpi` under an MPI launcher when built with MPI, else `tcp`.
+    #[default]
+    Auto,
+    /// Full TCP mesh (P processes on loopback when gradwire starts them).
+    Tcp,
+    /// Shared-memory rings between processes of one host.
+    Shm,
+    /// MPI point to point (feature `mpi`, under mpirun / srun).
+    Mpi,
+    /// Threads of one process.
+    Local,
+}
+
+impl TransportKind {
+    /// `auto` made concrete for this process (the other kinds stay as they are).
+    pub fn resolve(self) -> TransportKind {
+        self.resolve_with(gradwire_transport::env::launched_by_mpi())
+    }
+
+    fn resolve_with(self, under_mpi: bool) -> TransportKind {
+        match self {
+            TransportKind::Auto if under_mpi && MPI_BUILT => TransportKind::Mpi,
+            TransportKind::Auto => TransportKind::Tcp,
+            k => k,
+        }
+    }
+
+    /// The name `--transport` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Auto => "auto",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+            TransportKind::Mpi => "mpi",
+            TransportKind::Local => "local",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether this binary was built with the MPI transport.
+pub const MPI_BUILT: bool = cfg!(feature = "mpi");
 
 /// This process as one rank of a launched job.
 #[derive(Debug, Clone)]
@@ -13,17 +80,20 @@ pub struct Launched {
     /// Ranks of the job on this host (the launcher's local size; the world size when the
     /// launcher does not say).
     pub local_size: usize,
+    /// Whether the launcher said how many ranks run on this host.
+    pub local_size_known: bool,
 }
 
-/// Detects a launcher (gradwire launch, torchrun, mpirun, srun) from the environment and
-/// logs what it found; `None` for a plain process.
+/// Detects a launcher (gradwire launch, torchrun, mpirun, srun, MPICH) from the environment
+/// and logs what it found; `None` for a plain process.
 pub fn detect() -> Result<Option<Launched>> {
     let Some((config, launcher)) =
         tcp_config_from_env().context("reading the rank's environment")?
     else {
         return Ok(None);
     };
-    let local_size = local_size_from(|k| std::env::var(k).ok()).unwrap_or(config.world_size.max(1));
+    let said = local_size_from(|k| std::env::var(k).ok());
+    let local_size = said.unwrap_or(config.world_size.max(1));
     tracing::info!(
         ?launcher,
         rank = config.rank,
@@ -32,10 +102,14 @@ pub fn detect() -> Result<Option<Launched>> {
         master = %config.master,
         "launched rank"
     );
-    Ok(Some(Launched { config, local_size }))
+    Ok(Some(Launched {
+        config,
+        local_size,
+        local_size_known: said.is_some(),
+    }))
 }
 
-/// Joins the job described by `launched`.
+/// Joins the job described by `launched` over TCP.
 pub fn join(launched: &Launched) -> Result<Tcp> {
     let cfg = &launched.config;
     Tcp::connect(cfg).with_context(|| {
@@ -46,13 +120,169 @@ pub fn join(launched: &Launched) -> Result<Tcp> {
     })
 }
 
-/// Joins the job described by the environment, or explains how to start one.
-pub fn join_from_env() -> Result<Tcp> {
-    let Some(launched) = detect()? else {
+/// Joins the job described by `launched` with the transport `kind` asks for (`auto` is
+/// resolved here).
+pub fn join_with(kind: TransportKind, launched: &Launched) -> Result<Box<dyn Transport>> {
+    let kind = kind.resolve();
+    let cfg = &launched.config;
+    let t: Box<dyn Transport> = match kind {
+        TransportKind::Tcp | TransportKind::Auto => Box::new(join(launched)?),
+        TransportKind::Shm => Box::new(join_shm(launched)?),
+        TransportKind::Mpi => {
+            let t = join_mpi()?;
+            if (t.rank(), t.world_size()) != (cfg.rank, cfg.world_size) {
+                bail!(
+                    "MPI says this is rank {} of {}, the launcher's variables say rank {} of {}",
+                    t.rank(),
+                    t.world_size(),
+                    cfg.rank,
+                    cfg.world_size
+                );
+            }
+            t
+        }
+        TransportKind::Local => bail!(
+            "--transport local runs the ranks as threads of one process: start gradwire \
+             without a launcher (and give the number of ranks), or pick tcp, shm or mpi"
+        ),
+    };
+    tracing::info!(transport = %kind, rank = t.rank(), world_size = t.world_size(), "joined");
+    Ok(t)
+}
+
+/// Shared memory: refused at once when the launcher says the ranks span several hosts.
+fn join_shm(launched: &Launched) -> Result<gradwire_transport::shm::Shm> {
+    let world = launched.config.world_size;
+    check_one_host(launched.local_size, world)?;
+    let cfg = gradwire_transport::shm::config_from_env()
+        .context("reading the rank's environment")?
+        .context("no rank in the environment")?;
+    gradwire_transport::shm::Shm::connect(&cfg).with_context(|| {
+        format!(
+            "rank {} of {world}: joining through shared memory in {} (every rank must run \
+             on this host{})",
+            cfg.rank,
+            cfg.dir.display(),
+            if launched.local_size_known {
+                ""
+            } else {
+                "; the launcher does not say where the ranks run"
+            }
+        )
+    })
+}
+
+/// `--transport shm` needs every rank on one host.
+fn check_one_host(local_size: usize, world: usize) -> Result<()> {
+    if local_size < world {
         bail!(
+            "--transport shm needs every rank on one host, but the launcher put {local_size} \
+             of the {world} ranks on this one: use --transport tcp or mpi across hosts"
+        );
+    }
+    Ok(())
+}
+
+/// The MPI transport, when this process was started by an MPI launcher.
+#[cfg(feature = "mpi")]
+fn join_mpi() -> Result<Box<dyn Transport>> {
+    match gradwire_transport::mpi::Mpi::from_env().context("initializing MPI")? {
+        Some(t) => {
+            tracing::debug!(library = t.library_version(), "MPI");
+            Ok(Box::new(t))
+        }
+        None => bail!("{}", not_under_mpi()),
+    }
+}
+
+/// Without the feature: how to get it.
+#[cfg(not(feature = "mpi"))]
+fn join_mpi() -> Result<Box<dyn Transport>> {
+    bail!("{}", not_built_with_mpi())
+}
+
+fn not_built_with_mpi() -> &'static str {
+    "--transport mpi: this gradwire was built without MPI; build it with `cargo build \
+     --release -p gradwire --features mpi` (needs Open MPI or MPICH and libclang: on Debian \
+     openmpi-bin libopenmpi-dev libclang-dev)"
+}
+
+fn not_under_mpi() -> &'static str {
+    "--transport mpi needs an MPI launcher: run `mpirun -np N gradwire ...` (or `srun -n N \
+     --mpi=pmix gradwire ...`)"
+}
+
+/// For a process no launcher started: refuses the transports that need one (`mpi`).
+pub fn check_unlaunched(kind: TransportKind) -> Result<()> {
+    if kind.resolve() == TransportKind::Mpi {
+        bail!(
+            "{}",
+            if MPI_BUILT {
+                not_under_mpi()
+            } else {
+                not_built_with_mpi()
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Joins the job described by the environment with `kind`, or explains how to start one.
+pub fn join_from_env(kind: TransportKind) -> Result<Box<dyn Transport>> {
+    match detect()? {
+        Some(launched) => join_with(kind, &launched),
+        // An MPI launcher that sets none of the variables `detect` reads: MPI still knows.
+        None if kind.resolve() == TransportKind::Mpi => join_mpi(),
+        None => bail!(
             "no rank in the environment: run this under `gradwire launch -n N -- ...` \
              (or torchrun, mpirun, srun), which set GRADWIRE_RANK and GRADWIRE_WORLD_SIZE"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_is_mpi_only_under_an_mpi_launcher_with_mpi_built() {
+        assert_eq!(TransportKind::Auto.resolve_with(false), TransportKind::Tcp);
+        let under = TransportKind::Auto.resolve_with(true);
+        assert_eq!(
+            under,
+            if cfg!(feature = "mpi") {
+                TransportKind::Mpi
+            } else {
+                TransportKind::Tcp
+            }
         );
-    };
-    join(&launched)
+        for k in [
+            TransportKind::Tcp,
+            TransportKind::Shm,
+            TransportKind::Mpi,
+            TransportKind::Local,
+        ] {
+            assert_eq!(k.resolve_with(true), k);
+            assert_eq!(k.resolve_with(false), k);
+        }
+    }
+
+    #[test]
+    fn shm_refuses_ranks_on_several_hosts() {
+        let e = check_one_host(2, 4).unwrap_err().to_string();
+        assert!(e.contains("one host") && e.contains("2 of the 4"), "{e}");
+        check_one_host(4, 4).unwrap();
+    }
+
+    #[test]
+    fn transport_names_round_trip_through_clap_and_serde() {
+        for k in TransportKind::value_variants() {
+            let parsed = TransportKind::from_str(k.name(), false).unwrap();
+            assert_eq!(parsed, *k);
+            assert_eq!(
+                serde_json::to_string(k).unwrap(),
+                format!("\"{}\"", k.name())
+            );
+        }
+    }
 }

@@ -96,7 +96,7 @@ fn launch_four_ranks_allreduce_over_tcp() {
     for r in 0..4 {
         assert!(
             stdout.contains(&format!(
-                "[{r}] rank {r}/4: iteration 1: all-reduce of 100003 elements ok"
+                "[{r}] rank {r}/4 (tcp): iteration 1: all-reduce of 100003 elements ok"
             )),
             "{stdout}"
         );
@@ -350,4 +350,211 @@ fn ps_serve_serves_pushes_and_pulls() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--dir"));
+}
+
+/// `--transport` on `bench allreduce` and `bench engine`: shm ranks as processes, local as
+/// threads; the JSON names the transport that ran.
+#[test]
+fn bench_takes_each_transport() {
+    let dir = std::env::temp_dir().join(format!("gradwire-bench-tr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (bench, transport, extra) in [
+        (
+            "allreduce",
+            "shm",
+            &["--sizes", "4KiB,1MiB", "--iters", "3"][..],
+        ),
+        (
+            "allreduce",
+            "local",
+            &["--sizes", "4KiB", "--iters", "3"][..],
+        ),
+        ("engine", "shm", &["--cases", "lenet", "--reps", "2"][..]),
+    ] {
+        let json = dir.join(format!("{bench}-{transport}.json"));
+        let mut cmd = gradwire();
+        cmd.args(["bench", bench, "--np", "3", "--transport", transport])
+            .args(extra)
+            .arg("--json")
+            .arg(&json);
+        let out = output_within(cmd, Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "bench {bench} --transport {transport}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["transport"], transport, "{v}");
+        assert_eq!(v["np"], 3, "{v}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `gradwire check --transport shm` under `gradwire launch`; refused at once when the
+/// launcher says the ranks are on several hosts; `mpi` refused with what to do instead.
+#[test]
+fn check_over_shm_and_the_refusals() {
+    let mut cmd = gradwire();
+    cmd.args(["launch", "-n", "2", "--", env!("CARGO_BIN_EXE_gradwire")])
+        .args([
+            "check",
+            "--transport",
+            "shm",
+            "--elements",
+            "1000",
+            "--iters",
+            "2",
+        ]);
+    let out = output_within(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in 0..2 {
+        let want = format!("[{r}] rank {r}/2 (shm): iteration 1: all-reduce of 1000 elements ok");
+        assert!(stdout.contains(&want), "{stdout}");
+    }
+
+    // One rank of two on this host: shm cannot work, and says so without waiting.
+    let mut cmd = gradwire();
+    rank_env(&mut cmd, 0, 2, free_port(), "t");
+    cmd.env("GRADWIRE_LOCAL_SIZE", "1")
+        .args(["check", "--transport", "shm"]);
+    let start = Instant::now();
+    let out = output_within(cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("every rank on one host") && stderr.contains("1 of the 2"),
+        "{stderr}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+
+    // mpi outside an MPI launcher (and, without the feature, outside an MPI build).
+    let mut cmd = gradwire();
+    cmd.args(["check", "--transport", "mpi"]);
+    let out = output_within(cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let want = if cfg!(feature = "mpi") {
+        "needs an MPI launcher"
+    } else {
+        "--features mpi"
+    };
+    assert!(stderr.contains(want), "{stderr}");
+    let mut cmd = gradwire();
+    cmd.args(["bench", "allreduce", "--transport", "mpi"]);
+    let out = output_within(cmd, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(want));
+}
+
+/// `gradwire train --transport shm`: the worker processes train over shared memory (skips
+/// loudly without Fashion-MNIST, fails under GRADWIRE_REQUIRE_DATA=1).
+#[test]
+fn train_over_shm_workers() {
+    let data = std::env::var_os("GRADWIRE_DATA").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
+        Into::into,
+    );
+    if gradwire_train::data::DatasetKind::FashionMnist
+        .load(&data, 64)
+        .is_err()
+    {
+        assert!(
+            std::env::var("GRADWIRE_REQUIRE_DATA").map_or(true, |v| v != "1"),
+            "Fashion-MNIST required (GRADWIRE_REQUIRE_DATA=1) but not in {}",
+            data.display()
+        );
+        eprintln!("SKIPPED: Fashion-MNIST not available; run scripts/fetch-data.sh");
+        return;
+    }
+    let out_dir = std::env::temp_dir().join(format!("gradwire-train-shm-{}", std::process::id()));
+    let mut cmd = gradwire();
+    cmd.env("GRADWIRE_DATA", &data)
+        .env("RUST_LOG", "gradwire::world=info")
+        .env("NO_COLOR", "1")
+        .args([
+            "train",
+            "--model",
+            "mlp",
+            "--workers",
+            "2",
+            "--transport",
+            "shm",
+        ])
+        .args([
+            "--max-steps",
+            "3",
+            "--eval-limit",
+            "100",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out_dir);
+    let out = output_within(cmd, Duration::from_secs(240));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.matches("transport=shm").count(), 2, "{stderr}");
+    assert!(out_dir.join("run.json").is_file());
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// Ranks declared on different hosts (`GRADWIRE_HOSTS`): `check` and `bench allreduce` go
+/// hierarchical (shared memory within a declared host, TCP between the leaders) and still
+/// reduce exactly.
+#[test]
+fn declared_hosts_make_the_all_reduce_hierarchical() {
+    for (hosts, n, want) in [
+        ("a,a,b,b", "4", "(tcp+shm, 2 hosts (2+2 ranks))"),
+        ("x,y,x", "3", "(tcp+shm, 2 hosts (2+1 ranks))"),
+    ] {
+        let mut cmd = gradwire();
+        cmd.env("GRADWIRE_HOSTS", hosts)
+            .args(["launch", "-n", n, "--", env!("CARGO_BIN_EXE_gradwire")])
+            .args(["check", "--elements", "100003", "--iters", "2"]);
+        let out = output_within(cmd, Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let n: usize = n.parse().unwrap();
+        for r in 0..n {
+            let line = format!("[{r}] rank {r}/{n} {want}: iteration 1: all-reduce of 100003");
+            assert!(stdout.contains(&line), "{line:?} not in:\n{stdout}");
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("gradwire-bench-hier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("hier.json");
+    let mut cmd = gradwire();
+    cmd.env("GRADWIRE_HOSTS", "a,a,b,b")
+        .args([
+            "bench",
+            "allreduce",
+            "--np",
+            "4",
+            "--sizes",
+            "4KiB,1MiB",
+            "--iters",
+            "3",
+        ])
+        .arg("--json")
+        .arg(&json);
+    let out = output_within(cmd, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["hierarchy"], "2 hosts (2+2 ranks)", "{v}");
+    assert_eq!(v["transport"], "tcp");
+    let _ = std::fs::remove_dir_all(&dir);
 }

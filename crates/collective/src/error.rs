@@ -70,6 +70,34 @@ impl Error {
             Error::InvalidRoot { .. } | Error::BadOutputLength { .. } | Error::Codec { .. } => None,
         }
     }
+
+    /// The same error with every rank it names passed through `f` (a sub-group's ranks
+    /// reported as the job's).
+    pub fn map_ranks(self, f: impl Fn(usize) -> usize) -> Error {
+        match self {
+            Error::Transport(e) => Error::Transport(e.map_ranks(f)),
+            Error::LengthMismatch {
+                peer,
+                expected,
+                got,
+            } => Error::LengthMismatch {
+                peer: f(peer),
+                expected,
+                got,
+            },
+            Error::Malformed { peer, what } => Error::Malformed {
+                peer: f(peer),
+                what,
+            },
+            Error::Decode { peer, source } => Error::Decode {
+                peer: f(peer),
+                source,
+            },
+            e @ (Error::InvalidRoot { .. }
+            | Error::BadOutputLength { .. }
+            | Error::Codec { .. }) => e,
+        }
+    }
 }
 
 /// Result alias of this crate.

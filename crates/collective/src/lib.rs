@@ -3,7 +3,8 @@
 //! This layer owns the algorithms that combine every rank's buffer — all-reduce
 //! (ring, recursive doubling, Rabenseifner, chosen by size in [`select`]), reduce-scatter,
 //! all-gather (equal and variable sizes), broadcast and barrier — and, in [`compressed`],
-//! the all-reduces that carry codec payloads. It sees only `rank`, `world_size` and
+//! the all-reduces that carry codec payloads; [`hierarchical`] is Horovod's hierarchical
+//! all-reduce over a host's shared memory and one network path per host. It sees only `rank`, `world_size` and
 //! point-to-point messages; it must never know how bytes move (sockets, channels, MPI) or
 //! what a model or an optimizer is.
 //!
@@ -41,6 +42,7 @@ mod error;
 mod exchange;
 pub mod fold;
 pub mod gather;
+pub mod hierarchical;
 pub mod rabenseifner;
 pub mod recursive_doubling;
 #[cfg(any(test, feature = "test-util"))]

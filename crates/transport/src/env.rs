@@ -1,11 +1,11 @@
 //! A rank's identity from the environment: gradwire's own variables, or those of torchrun,
 //! Open MPI's `mpirun` and Slurm, so a rank runs under the launchers people already use.
 //!
-//! | what | gradwire | torchrun | Open MPI | Slurm |
-//! |---|---|---|---|---|
-//! | rank | `GRADWIRE_RANK` | `RANK` | `OMPI_COMM_WORLD_RANK` | `SLURM_PROCID` |
-//! | world size | `GRADWIRE_WORLD_SIZE` | `WORLD_SIZE` | `OMPI_COMM_WORLD_SIZE` | `SLURM_NTASKS` |
-//! | master | `GRADWIRE_MASTER_ADDR`, `GRADWIRE_MASTER_PORT` | `MASTER_ADDR`, `MASTER_PORT` | | |
+//! | what | gradwire | torchrun | Open MPI | Slurm | MPICH / PMI |
+//! |---|---|---|---|---|---|
+//! | rank | `GRADWIRE_RANK` | `RANK` | `OMPI_COMM_WORLD_RANK` | `SLURM_PROCID` | `PMI_RANK` |
+//! | world size | `GRADWIRE_WORLD_SIZE` | `WORLD_SIZE` | `OMPI_COMM_WORLD_SIZE` | `SLURM_NTASKS` | `PMI_SIZE` |
+//! | master | `GRADWIRE_MASTER_ADDR`, `GRADWIRE_MASTER_PORT` | `MASTER_ADDR`, `MASTER_PORT` | | | |
 //!
 //! The first source that names a rank wins. The master defaults to `127.0.0.1:29500`;
 //! `GRADWIRE_TOKEN` is the shared secret (empty if unset), `GRADWIRE_TIMEOUT` the deadline
@@ -31,6 +31,8 @@ pub enum Launcher {
     OpenMpi,
     /// Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`).
     Slurm,
+    /// A PMI launcher such as MPICH's `mpiexec` (`PMI_RANK`, `PMI_SIZE`).
+    Pmi,
 }
 
 /// Reads the TCP configuration of this rank from the process environment; `Ok(None)` when no
@@ -52,6 +54,7 @@ pub fn tcp_config_from(
             "OMPI_COMM_WORLD_SIZE",
         ),
         (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS"),
+        (Launcher::Pmi, "PMI_RANK", "PMI_SIZE"),
     ];
     let Some(&(launcher, rank_var, size_var)) = sources.iter().find(|(_, r, _)| get(r).is_some())
     else {
@@ -167,8 +170,8 @@ fn lookup_within(
 /// How many ranks of the job run on this host, as the launcher tells it:
 /// `GRADWIRE_LOCAL_SIZE` (`gradwire launch`), `LOCAL_WORLD_SIZE` (torchrun),
 /// `OMPI_COMM_WORLD_LOCAL_SIZE` (Open MPI), `SLURM_STEP_TASKS_PER_NODE` or
-/// `SLURM_NTASKS_PER_NODE` (Slurm; `4(x2)` and `4,2` read as 4). `None` when none is set
-/// or a value is not a positive integer.
+/// `SLURM_NTASKS_PER_NODE` (Slurm; `4(x2)` and `4,2` read as 4), `MPI_LOCALNRANKS` (MPICH).
+/// `None` when none is set or a value is not a positive integer.
 pub fn local_size_from(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
     [
         "GRADWIRE_LOCAL_SIZE",
@@ -176,6 +179,7 @@ pub fn local_size_from(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
         "OMPI_COMM_WORLD_LOCAL_SIZE",
         "SLURM_STEP_TASKS_PER_NODE",
         "SLURM_NTASKS_PER_NODE",
+        "MPI_LOCALNRANKS",
     ]
     .iter()
     .find_map(|k| {
@@ -183,6 +187,45 @@ pub fn local_size_from(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
         let head: String = v.trim().chars().take_while(char::is_ascii_digit).collect();
         head.parse().ok().filter(|&n: &usize| n > 0)
     })
+}
+
+/// Variables by which the common launchers tell a process it is one rank of an MPI job:
+/// Open MPI's `mpirun` (`OMPI_COMM_WORLD_SIZE`), PMIx (Open MPI 5, `srun --mpi=pmix`),
+/// PMI (MPICH's hydra, Intel MPI, `srun --mpi=pmi2`) and MPICH's `MPI_LOCALNRANKS`. Plain
+/// `srun` (only `SLURM_PROCID`) does not make an MPI job.
+pub const MPI_LAUNCHER_VARS: [&str; 5] = [
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALNRANKS",
+];
+
+/// Whether the environment says an MPI launcher started this process (one of
+/// [`MPI_LAUNCHER_VARS`] is set). Needs no MPI library: the CLI uses it to pick a transport.
+pub fn launched_by_mpi_from(get: impl Fn(&str) -> Option<String>) -> bool {
+    MPI_LAUNCHER_VARS.iter().any(|v| get(v).is_some())
+}
+
+/// [`launched_by_mpi_from`] over the process environment.
+pub fn launched_by_mpi() -> bool {
+    launched_by_mpi_from(|k| std::env::var(k).ok())
+}
+
+/// The launcher's name for this job, the same on every rank and different for two jobs
+/// running at once: `PMIX_NAMESPACE` (Open MPI, PMIx), `OMPI_MCA_ess_base_jobid` (Open MPI
+/// 4), `SLURM_JOB_ID` with `SLURM_STEP_ID` (Slurm), `TORCHELASTIC_RUN_ID` (torchrun).
+/// `None` when none is set. Shared-memory rings are named from it when no `GRADWIRE_TOKEN`
+/// sets the job apart.
+pub fn job_id_from(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(ns) = get("PMIX_NAMESPACE").or_else(|| get("OMPI_MCA_ess_base_jobid")) {
+        return Some(format!("mpi:{ns}"));
+    }
+    if let Some(job) = get("SLURM_JOB_ID") {
+        let step = get("SLURM_STEP_ID").unwrap_or_default();
+        return Some(format!("slurm:{job}.{step}"));
+    }
+    get("TORCHELASTIC_RUN_ID").map(|r| format!("torchrun:{r}"))
 }
 
 #[cfg(test)]
@@ -242,7 +285,42 @@ mod tests {
             (c.rank, c.world_size, c.timeout, l),
             (5, 8, Duration::from_millis(2500), Launcher::Slurm)
         );
+        let (c, l) = cfg(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")])
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.rank, c.world_size, l), (1, 2, Launcher::Pmi));
         assert!(cfg(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn mpi_launchers_and_job_ids() {
+        let m = |vars: &[(&str, &str)]| -> HashMap<String, String> {
+            vars.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let ompi = m(&[
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("PMIX_NAMESPACE", "1860763649"),
+        ]);
+        assert!(launched_by_mpi_from(|k| ompi.get(k).cloned()));
+        assert_eq!(
+            job_id_from(|k| ompi.get(k).cloned()).as_deref(),
+            Some("mpi:1860763649")
+        );
+        let slurm = m(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "3"),
+        ]);
+        assert!(!launched_by_mpi_from(|k| slurm.get(k).cloned()));
+        assert_eq!(
+            job_id_from(|k| slurm.get(k).cloned()).as_deref(),
+            Some("slurm:77.3")
+        );
+        let pmi = m(&[("PMI_RANK", "0")]);
+        assert!(launched_by_mpi_from(|k| pmi.get(k).cloned()));
+        assert_eq!(job_id_from(|k| pmi.get(k).cloned()), None);
     }
 
     #[test]
@@ -259,6 +337,7 @@ mod tests {
         assert_eq!(get(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "3")]), Some(3));
         assert_eq!(get(&[("SLURM_STEP_TASKS_PER_NODE", "4(x2)")]), Some(4));
         assert_eq!(get(&[("SLURM_NTASKS_PER_NODE", "8,2")]), Some(8));
+        assert_eq!(get(&[("MPI_LOCALNRANKS", "2")]), Some(2));
         assert_eq!(get(&[("LOCAL_WORLD_SIZE", "0")]), None);
         assert_eq!(get(&[]), None);
     }

@@ -167,6 +167,68 @@ impl Error {
             | Error::Env { .. } => None,
         }
     }
+
+    /// The same error with every rank it names passed through `f`: a sub-group of ranks
+    /// (its own numbering) reports the job's ranks this way.
+    pub fn map_ranks(self, f: impl Fn(usize) -> usize) -> Error {
+        match self {
+            Error::Timeout { peer, op, after } => Error::Timeout {
+                peer: f(peer),
+                op,
+                after,
+            },
+            Error::PeerClosed { peer, op } => Error::PeerClosed { peer: f(peer), op },
+            Error::PeerDied { peer, pid, op } => Error::PeerDied {
+                peer: f(peer),
+                pid,
+                op,
+            },
+            Error::BadRing { peer, source } => Error::BadRing {
+                peer: f(peer),
+                source,
+            },
+            Error::Io { peer, op, source } => Error::Io {
+                peer: f(peer),
+                op,
+                source,
+            },
+            Error::PeerFailed { peer, reported_by } => Error::PeerFailed {
+                peer: f(peer),
+                reported_by: f(reported_by),
+            },
+            Error::FrameTooLarge { peer, len, max } => Error::FrameTooLarge {
+                peer: f(peer),
+                len,
+                max,
+            },
+            Error::BadFrame { peer, what } => Error::BadFrame {
+                peer: f(peer),
+                what,
+            },
+            Error::SizeMismatch {
+                peer,
+                expected,
+                got,
+            } => Error::SizeMismatch {
+                peer: f(peer),
+                expected,
+                got,
+            },
+            Error::Mpi {
+                peer,
+                code,
+                message,
+            } => Error::Mpi {
+                peer: peer.map(&f),
+                code,
+                message,
+            },
+            e @ (Error::InvalidRank { .. }
+            | Error::Rendezvous { .. }
+            | Error::Misuse { .. }
+            | Error::Env { .. }) => e,
+        }
+    }
 }
 
 /// Result alias of this crate.

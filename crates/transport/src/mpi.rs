@@ -85,15 +85,6 @@ const TAG: c_int = 0x6777;
 /// Largest message MPI's `int` count can describe (bytes).
 pub const MAX_MESSAGE: usize = i32::MAX as usize;
 
-/// Variables by which the common launchers tell a process it is one rank of an MPI job.
-const LAUNCHER_VARS: [&str; 5] = [
-    "OMPI_COMM_WORLD_SIZE", // Open MPI's mpirun
-    "PMIX_RANK",            // PMIx (Open MPI 5, srun --mpi=pmix)
-    "PMI_RANK",             // MPICH's hydra, Intel MPI, srun --mpi=pmi2
-    "PMI_SIZE",
-    "MPI_LOCALNRANKS", // MPICH
-];
-
 /// The reduction of [`Mpi::native_all_reduce_f32`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NativeOp {
@@ -136,9 +127,10 @@ pub struct Mpi {
 // `Sync`). The raw handles it holds are only used through it.
 unsafe impl Send for Mpi {}
 
-/// Whether the environment says this process was started by an MPI launcher.
+/// Whether the environment says this process was started by an MPI launcher
+/// (the variables of [`crate::env::MPI_LAUNCHER_VARS`]).
 pub fn launched_by_mpi() -> bool {
-    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
+    crate::env::launched_by_mpi()
 }
 
 impl Mpi {
@@ -655,8 +647,9 @@ mod tests {
     /// tested under `mpirun` by `gradwire-collective`'s `mpi` test).
     #[test]
     fn launcher_detection_reads_known_variables() {
-        assert!(LAUNCHER_VARS.contains(&"OMPI_COMM_WORLD_SIZE"));
-        assert!(LAUNCHER_VARS.contains(&"PMI_RANK"));
+        let vars = crate::env::MPI_LAUNCHER_VARS;
+        assert!(vars.contains(&"OMPI_COMM_WORLD_SIZE"));
+        assert!(vars.contains(&"PMI_RANK"));
         // In a plain `cargo test` none is set; under a launcher all of them may be.
         let _ = launched_by_mpi();
     }

@@ -8,6 +8,7 @@ use gradwire_transport::{local::Local, Transport};
 mod compressed;
 mod dense;
 mod feedback;
+mod hierarchical;
 mod powersgd;
 mod real_codecs;
 mod stripe;

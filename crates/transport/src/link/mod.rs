@@ -22,6 +22,12 @@
 //! different hosts have different clocks: a receiver never waits longer than the link's own
 //! time for the message, so skew can only shorten latency, never stall a job.
 //!
+//! Every wait of the emulator honours the inner transport's deadline ([`Transport::timeout`]):
+//! a message whose slot or arrival lies further away than the deadline (a message far too
+//! large for the emulated bandwidth, or a peer's link booked up that long) waits out the
+//! deadline and fails with [`Error::Timeout`] naming the peer, like a real link that makes no
+//! progress; the link stays booked for the message, so the job is over, as after any timeout.
+//!
 //! Bytes charged per message are the payload plus [`LinkSpec::overhead`] (0 unless set; set
 //! e.g. `overhead=66` to model TCP/IP over Ethernet per 1448-byte segment coarsely). The 8-byte
 //! stamp is emulator bookkeeping, not charged, and not counted in [`Transport::bytes_sent`].
@@ -51,7 +57,7 @@ use rand::{Rng, SeedableRng};
 
 pub use spec::{Bandwidth, LinkConfig, LinkSpec, LinkSpecError};
 
-use crate::{Error, Result, Transport};
+use crate::{Error, Op, Result, Transport};
 
 /// Reads the link emulation settings from the process environment for a job of
 /// `world_size` ranks; `Ok(None)` when `GRADWIRE_LINK` is unset (no emulation).
@@ -225,16 +231,34 @@ impl<T: Transport> Throttled<T> {
     }
 
     /// Sleeps until the shared clock reads `target`; records how late we return (oversleep,
-    /// or the inner transport overrunning the slot) as lag, credited to the next call.
-    fn wait_until(&mut self, target: u64) -> Duration {
+    /// or the inner transport overrunning the slot) as lag, credited to the next call. A
+    /// target past the inner transport's deadline waits out the deadline and fails with
+    /// [`Error::Timeout`] naming `peer`.
+    fn wait_until(&mut self, target: u64, peer: usize, op: Op) -> Result<Duration> {
         let start = now_ns();
+        let deadline = self.inner.timeout();
+        let limit = u64::try_from(deadline.as_nanos()).unwrap_or(u64::MAX);
+        if target.saturating_sub(start) > limit {
+            let end = sleep_until(start.saturating_add(limit));
+            self.lag = 0;
+            let waited = Duration::from_nanos(end - start);
+            match op {
+                Op::Recv => self.stats.recv_wait += waited,
+                _ => self.stats.send_wait += waited,
+            }
+            return Err(Error::Timeout {
+                peer,
+                op,
+                after: deadline,
+            });
+        }
         let end = if target > start {
             sleep_until(target)
         } else {
             start
         };
         self.lag = end.saturating_sub(target).min(MAX_LAG_NS);
-        Duration::from_nanos(end - start)
+        Ok(Duration::from_nanos(end - start))
     }
 
     fn recv_stamp(&mut self, from: usize) -> Result<u64> {
@@ -243,10 +267,11 @@ impl<T: Transport> Throttled<T> {
         Ok(u64::from_le_bytes(s))
     }
 
-    fn finish_recv(&mut self, from: usize, stamp: u64, len: usize) {
+    fn finish_recv(&mut self, from: usize, stamp: u64, len: usize) -> Result<()> {
         let target = self.arrival(from, stamp, len);
-        let waited = self.wait_until(target);
+        let waited = self.wait_until(target, from, Op::Recv)?;
         self.stats.recv_wait += waited;
+        Ok(())
     }
 }
 
@@ -267,7 +292,7 @@ impl<T: Transport> Transport for Throttled<T> {
             let (end, arrival) = self.book(to, msg.len());
             self.inner.send(to, &arrival.to_le_bytes())?;
             self.inner.send(to, msg)?;
-            let waited = self.wait_until(end);
+            let waited = self.wait_until(end, to, Op::Send)?;
             self.stats.send_wait += waited;
         }
         self.bytes_sent += msg.len() as u64;
@@ -281,8 +306,7 @@ impl<T: Transport> Transport for Throttled<T> {
         }
         let stamp = self.recv_stamp(from)?;
         self.inner.recv(from, buf)?;
-        self.finish_recv(from, stamp, buf.len());
-        Ok(())
+        self.finish_recv(from, stamp, buf.len())
     }
 
     fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
@@ -292,14 +316,13 @@ impl<T: Transport> Transport for Throttled<T> {
         }
         let stamp = self.recv_stamp(from)?;
         self.inner.recv_into(from, out)?;
-        self.finish_recv(from, stamp, out.len());
-        Ok(())
+        self.finish_recv(from, stamp, out.len())
     }
 
     fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()> {
         let end = self.exchange_stamps(to, msg.len(), from)?;
         self.inner.send_recv(to, msg, from, buf)?;
-        self.finish_exchange(end, from, buf.len());
+        self.finish_exchange(end, to, from, buf.len())?;
         self.bytes_sent += msg.len() as u64;
         Ok(())
     }
@@ -307,7 +330,7 @@ impl<T: Transport> Transport for Throttled<T> {
     fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
         let end = self.exchange_stamps(to, msg.len(), from)?;
         self.inner.send_recv_into(to, msg, from, out)?;
-        self.finish_exchange(end, from, out.len());
+        self.finish_exchange(end, to, from, out.len())?;
         self.bytes_sent += msg.len() as u64;
         Ok(())
     }
@@ -358,16 +381,18 @@ impl<T: Transport> Throttled<T> {
         })
     }
 
-    fn finish_exchange(&mut self, p: Pending, from: usize, len: usize) {
+    fn finish_exchange(&mut self, p: Pending, to: usize, from: usize, len: usize) -> Result<()> {
         let send_end = p.send_end.unwrap_or(0);
         let arrival = p.recv_stamp.map_or(0, |s| self.arrival(from, s, len));
-        let waited = self.wait_until(send_end.max(arrival));
-        // Attribute the wait to the side that set the deadline.
+        // Attribute the wait (and a timeout) to the side that set the deadline.
         if arrival > send_end {
+            let waited = self.wait_until(arrival, from, Op::Recv)?;
             self.stats.recv_wait += waited;
         } else {
+            let waited = self.wait_until(send_end, to, Op::Send)?;
             self.stats.send_wait += waited;
         }
+        Ok(())
     }
 }
 

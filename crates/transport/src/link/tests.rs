@@ -92,3 +92,80 @@ fn jitter_is_seeded_and_bounded() {
     cfg2.seed = 2;
     assert_ne!(a, arrivals(&cfg2));
 }
+
+/// The emulator's own waits end at the inner transport's deadline with a timeout naming the
+/// peer: 100 kB at 1 Mbit/s is 0.8 s on the wire, the deadline 150 ms.
+#[test]
+fn waits_longer_than_the_deadline_time_out_naming_the_peer() {
+    let deadline = Duration::from_millis(150);
+    let cfg: LinkConfig = "1mbit,1ms".parse().unwrap();
+    let mut world = Throttled::wrap_all(Local::world(3), &cfg);
+    for t in &mut world {
+        t.set_timeout(deadline);
+    }
+    let mut c = world.pop().unwrap();
+    let mut b = world.pop().unwrap();
+    let mut a = world.pop().unwrap();
+    let msg = vec![7u8; 100_000];
+    let within = |start: std::time::Instant| {
+        let e = start.elapsed();
+        assert!(
+            e >= deadline && e < Duration::from_millis(600),
+            "returned after {e:?}"
+        );
+    };
+
+    // Sender: its slot ends past the deadline.
+    let start = std::time::Instant::now();
+    match a.send(2, &msg) {
+        Err(Error::Timeout {
+            peer: 2,
+            op: Op::Send,
+            after,
+        }) => assert_eq!(after, deadline),
+        other => panic!("expected a send timeout naming rank 2, got {other:?}"),
+    }
+    within(start);
+    // Receiver: the message is there, its arrival past the deadline.
+    let start = std::time::Instant::now();
+    let mut buf = Vec::new();
+    match c.recv(0, &mut buf) {
+        Err(Error::Timeout {
+            peer: 0,
+            op: Op::Recv,
+            ..
+        }) => {}
+        other => panic!("expected a receive timeout naming rank 0, got {other:?}"),
+    }
+    within(start);
+
+    // A duplex step both ways between ranks 1 and 2 (threads): each names the other.
+    let h = std::thread::spawn(move || {
+        let mut out = vec![0u8; 100_000];
+        let r = c.send_recv_into(1, &[1u8; 100_000], 1, &mut out);
+        (r, c)
+    });
+    let start = std::time::Instant::now();
+    let mut out = vec![0u8; 100_000];
+    match b.send_recv_into(2, &msg, 2, &mut out) {
+        Err(Error::Timeout { peer: 2, .. }) => {}
+        other => panic!("expected a timeout naming rank 2, got {other:?}"),
+    }
+    within(start);
+    match h.join().unwrap().0 {
+        Err(Error::Timeout { peer: 1, .. }) => {}
+        other => panic!("expected a timeout naming rank 1, got {other:?}"),
+    }
+
+    // Waits under the deadline still work: 10 kB is 80 ms.
+    let cfg: LinkConfig = "1mbit".parse().unwrap();
+    let mut world = Throttled::wrap_all(Local::world(2), &cfg);
+    for t in &mut world {
+        t.set_timeout(deadline);
+    }
+    let mut y = world.pop().unwrap();
+    let mut x = world.pop().unwrap();
+    x.send(1, &[3u8; 10_000]).unwrap();
+    y.recv(0, &mut buf).unwrap();
+    assert_eq!(buf, vec![3u8; 10_000]);
+}

@@ -96,7 +96,9 @@ impl ShmConfig {
 }
 
 /// Reads a shared-memory config from the process environment (the launcher variables of
-/// [`crate::env`]; the job token is `GRADWIRE_TOKEN` plus the master address), with
+/// [`crate::env`]; the job token is `GRADWIRE_TOKEN` plus the master address plus the
+/// launcher's job id ([`crate::env::job_id_from`]), so two `mpirun` or `srun` jobs on one
+/// host without a token still get different rings), with
 /// `GRADWIRE_SHM_RING_BYTES` and `GRADWIRE_SHM_DIR` as options. `Ok(None)` when no launcher
 /// set a rank.
 pub fn config_from_env() -> Result<Option<ShmConfig>> {
@@ -108,11 +110,11 @@ pub fn config_from(get: impl Fn(&str) -> Option<String>) -> Result<Option<ShmCon
     let Some((tcp, _)) = crate::env::tcp_config_from(&get)? else {
         return Ok(None);
     };
-    let mut cfg = ShmConfig::new(
-        tcp.rank,
-        tcp.world_size,
-        format!("{}@{}", tcp.token, tcp.master),
-    );
+    let mut job = format!("{}@{}", tcp.token, tcp.master);
+    if let Some(id) = crate::env::job_id_from(&get) {
+        job = format!("{job}#{id}");
+    }
+    let mut cfg = ShmConfig::new(tcp.rank, tcp.world_size, job);
     cfg.timeout = tcp.timeout;
     if let Some(b) = get("GRADWIRE_SHM_RING_BYTES") {
         cfg.ring_bytes = b

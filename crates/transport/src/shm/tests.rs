@@ -287,6 +287,30 @@ fn reads_env() {
     assert!(config_from(|_| None).unwrap().is_none());
 }
 
+#[test]
+fn two_mpi_jobs_without_a_token_get_different_rings() {
+    let job = |ns: &'static str| {
+        move |k: &str| {
+            match k {
+                "OMPI_COMM_WORLD_RANK" => Some("0"),
+                "OMPI_COMM_WORLD_SIZE" => Some("2"),
+                "PMIX_NAMESPACE" => Some(ns),
+                _ => None,
+            }
+            .map(String::from)
+        }
+    };
+    let (a, b) = (
+        config_from(job("1001")).unwrap().unwrap(),
+        config_from(job("1002")).unwrap().unwrap(),
+    );
+    assert_ne!(a.path(0, 1), b.path(0, 1));
+    assert_eq!(
+        a.path(0, 1),
+        config_from(job("1001")).unwrap().unwrap().path(0, 1)
+    );
+}
+
 // ---- real processes ----------------------------------------------------------------------
 
 const CHILD_VAR: &str = "GRADWIRE_SHM_TEST_CHILD";
