@@ -18,6 +18,7 @@ mod report;
 mod report_render;
 mod size;
 mod train;
+mod train_ps;
 mod world;
 
 use clap::{Parser, Subcommand};
