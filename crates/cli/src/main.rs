@@ -8,6 +8,7 @@ mod bench;
 mod bench_allreduce;
 mod bench_codecs;
 mod bench_engine;
+mod bench_ps;
 mod check;
 mod launch;
 mod plot;
