@@ -548,7 +548,8 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
             "updater": ps.updater.to_string(),
             "n_fetch": ps.n_fetch,
             "n_push": ps.n_push,
-            "local_lr": ps.local_lr,
+            // Through its shortest decimal form, so 0.05 reads 0.05 and not 0.0500000007.
+            "local_lr": ps.local_lr.to_string().parse::<f64>().unwrap_or(0.0),
             "bytes_pushed": pushed,
             "bytes_pulled": pulled,
             "rank0": summary,
