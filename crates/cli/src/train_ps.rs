@@ -341,7 +341,13 @@ pub fn run(args: &TrainArgs, plan: &Plan, launched: Option<&crate::world::Launch
         .map(|(r, s)| (r, *s))
         .collect();
     for (r, s) in &lost {
-        eprintln!("gradwire train: worker {r} was lost ({})", describe(*s));
+        // Killed by a signal: lost; an exit code: it failed (its own error says why).
+        let what = if s.code().is_none() {
+            "was lost"
+        } else {
+            "failed"
+        };
+        eprintln!("gradwire train: worker {r} {what} ({})", describe(*s));
     }
     if let Some((_, s)) = lost.iter().find(|(r, _)| *r == 0) {
         bail!("worker 0 failed ({}): no report", describe(*s));

@@ -197,6 +197,9 @@ fn ps_async_trains_on_when_a_worker_is_killed() {
     cmd.args(short_run(&data, &out_dir))
         .args(["--workers", "4", "--servers", "2", "--sync", "ps-async"])
         .args(["--epochs", "3", "--max-steps", "40"])
+        // DistBelief's Downpour with Adagrad at the shards (momentum SGD applied per push
+        // by 4 stale workers can diverge).
+        .args(["--optimizer", "adagrad:lr=0.01"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
@@ -300,4 +303,61 @@ fn bad_ps_flag_combinations_are_refused_with_the_named_error() {
             "{flags:?} reached the data: {err}"
         );
     }
+}
+
+/// Under `ps-sync` a SIGKILLed worker stalls every round: once the shards declare it dead
+/// (10 s without a heartbeat) every other worker fails with an error naming it, and the
+/// parent exits non-zero, well within a bound.
+#[test]
+fn ps_sync_names_a_killed_worker_within_the_deadline() {
+    let Some(data) = fashion_mnist() else { return };
+    let dir = scratch("sync-kill");
+    let mut cmd = gradwire();
+    cmd.args(short_run(&data, &dir.join("run")))
+        .args(["--workers", "4", "--servers", "2", "--sync", "ps-sync"])
+        .args(["--epochs", "3", "--max-steps", "40"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let parent = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut guard = Guard(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let (etx, erx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+        let _ = etx.send(s);
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("rank 0 reported its first epoch");
+    let victim = worker_pid(parent, 3).expect("worker 3 is still running after epoch 1");
+    kill(victim);
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = guard.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "ps-sync still running 60 s after a worker was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = erx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("worker 3 was lost"), "{err}");
+    assert!(
+        err.contains("worker 3 is lost"),
+        "the survivors' errors name worker 3: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
