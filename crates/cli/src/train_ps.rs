@@ -13,7 +13,9 @@
 //!   server-side updater), the same parameters as all-reduce SGD up to float rounding;
 //!   the epoch loss and the sharded evaluation are averaged through the PS.
 //! - `ps-async`: DistBelief's Downpour (`--n-fetch`, `--n-push`, paper default 1 and 1);
-//!   rank 0 evaluates the parameters it last fetched and reports its own loss.
+//!   rank 0 evaluates the parameters it last fetched and reports its own loss. Use Adagrad
+//!   (as DistBelief) or plain SGD: server-side momentum applied to every stale worker's push
+//!   multiplies the step (4 workers with momentum 0.9 diverged on the MLP; rank 0 warns).
 //! - `ps-ssp:S`: stale synchronous parallel with bound S (reporting as `ps-async`).
 //! - `sandblaster`: refused here for now (the L-BFGS library is `gradwire_ps::sandblaster`,
 //!   tested on logistic regression; it is not wired to the models yet).
@@ -352,7 +354,10 @@ pub fn run(args: &TrainArgs, plan: &Plan, launched: Option<&crate::world::Launch
     if let Some((_, s)) = lost.iter().find(|(r, _)| *r == 0) {
         bail!("worker 0 failed ({}): no report", describe(*s));
     }
-    if ps.consistency == Consistency::Sync && !lost.is_empty() {
+    if ps.consistency == Consistency::Sync
+        && ps.dead_policy == DeadPolicy::Strict
+        && !lost.is_empty()
+    {
         bail!(
             "worker {} failed under ps-sync ({})",
             lost[0].0,
@@ -452,6 +457,15 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
             plan.train.epochs,
             plan.train.batch_size
         );
+        if ps.consistency != Consistency::Sync && matches!(ps.updater, UpdaterSpec::Momentum { .. })
+        {
+            eprintln!(
+                "gradwire train: warning: under --sync {mode} the shards apply every worker's push \
+                 with momentum, so {world} stale workers take steps up to {world}/(1-mu) times \
+                 larger than one; if it diverges use --optimizer adagrad:lr=... (DistBelief's \
+                 Downpour) or plain SGD"
+            );
+        }
         std::fs::create_dir_all(&plan.out)
             .with_context(|| format!("creating {}", plan.out.display()))?;
         let _ = std::fs::remove_file(plan.out.join("metrics.jsonl"));
