@@ -19,6 +19,10 @@ pub enum BenchCommand {
     /// per tensor and one of everything, on LeNet's, a char-LSTM's and 1,000 small tensors'
     /// gradient lists; median step times from the same run.
     Engine(crate::bench_engine::EngineBenchArgs),
+    /// Parameter-server pushes and pulls (P workers, S shards on loopback) against
+    /// gradwire's all-reduce of the same size, for a LeNet-sized model and 16 MiB, with
+    /// where the time goes (push, pull, the shards' arithmetic) and the bytes per worker.
+    Ps(crate::bench_ps::PsBenchArgs),
 }
 
 /// Runs a benchmark subcommand.
@@ -27,5 +31,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Allreduce(a) => crate::bench_allreduce::run(&a),
         BenchCommand::Codecs(a) => crate::bench_codecs::run(&a),
         BenchCommand::Engine(a) => crate::bench_engine::run(&a),
+        BenchCommand::Ps(a) => crate::bench_ps::run(&a),
     }
 }

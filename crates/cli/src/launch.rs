@@ -249,6 +249,32 @@ impl Ranks {
         Ok(Outcome { failure })
     }
 
+    /// Waits for every rank without stopping the others when one fails (a parameter
+    /// server's asynchronous workers train on without a lost one); returns each rank's exit
+    /// status, in rank order.
+    pub fn wait_all(mut self) -> Result<Vec<ExitStatus>> {
+        let mut done: Vec<Option<ExitStatus>> = vec![None; self.children.len()];
+        while done.iter().any(Option::is_none) {
+            for (rank, slot) in self.children.iter_mut().enumerate() {
+                let Some(child) = slot.as_mut() else {
+                    continue;
+                };
+                if let Some(status) = child
+                    .try_wait()
+                    .with_context(|| format!("waiting for rank {rank}"))?
+                {
+                    done[rank] = Some(status);
+                    *slot = None;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for p in self.pumps.drain(..) {
+            let _ = p.join();
+        }
+        Ok(done.into_iter().flatten().collect())
+    }
+
     /// Stops every rank still running.
     fn stop_all(&mut self) {
         for child in self.children.iter().flatten() {

@@ -8,6 +8,7 @@ mod bench;
 mod bench_allreduce;
 mod bench_codecs;
 mod bench_engine;
+mod bench_ps;
 mod check;
 mod hier;
 mod launch;
@@ -19,6 +20,7 @@ mod report;
 mod report_render;
 mod size;
 mod train;
+mod train_ps;
 mod world;
 
 use clap::{Parser, Subcommand};

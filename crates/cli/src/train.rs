@@ -63,9 +63,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub codec: Option<CodecConfig>,
     /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
-    /// [default: auto].
+    /// [default: auto]; or a parameter server: ps-sync, ps-async (Downpour), ps-ssp:S
+    /// (see --servers).
     #[arg(long)]
-    pub sync: Option<SyncStrategy>,
+    pub sync: Option<crate::train_ps::SyncMode>,
     /// A per-tensor codec rule, `SELECTOR=>CODEC[@STRATEGY]`, first match wins; selectors
     /// `name=GLOB`, `min=N`, `max=N` (elements), `dims=D`. Repeatable. Example: `--rule
     /// 'dims=1=>none' --rule 'name=fc3.*=>fp16'`. Tensors no rule matches take --codec.
@@ -147,6 +148,9 @@ pub struct TrainArgs {
     /// Internal: this process is one rank started by the parent.
     #[arg(long, hide = true)]
     pub worker: bool,
+    /// Parameter-server settings.
+    #[command(flatten)]
+    pub ps: crate::train_ps::PsArgs,
 }
 
 /// The same settings as read from a TOML file (parsed with the same rules as the flags).
@@ -226,6 +230,10 @@ pub struct Plan {
     pub json: Option<PathBuf>,
     /// Output directory.
     pub out: PathBuf,
+    /// The parameter-server run, when --sync names a PS mode.
+    pub ps: Option<crate::train_ps::PsPlan>,
+    /// Where rank 0 writes its final parameters.
+    pub save_params: Option<PathBuf>,
 }
 
 /// What the environment says about where this process runs.
@@ -303,6 +311,7 @@ impl TrainArgs {
             Some(s) => s,
             None => from_file(name, "sync", file.sync)?.unwrap_or_default(),
         };
+        let (sync, ps_mode) = crate::train_ps::SyncMode::split(sync);
         let rules = if self.rules.is_empty() {
             file.rules
                 .unwrap_or_default()
@@ -397,7 +406,7 @@ impl TrainArgs {
                 codec.name()
             ))
         });
-        Ok(Plan {
+        let mut plan = Plan {
             model,
             dataset,
             workers,
@@ -427,7 +436,20 @@ impl TrainArgs {
                 .unwrap_or_else(default_data_dir),
             json: self.json.clone().or(file.json),
             out,
-        })
+            ps: None,
+            save_params: self.ps.save_params.clone(),
+        };
+        plan.ps = crate::train_ps::plan(
+            ps_mode,
+            &crate::train_ps::PlanContext {
+                args: self,
+                codec: &plan.codec,
+                optimizer: &plan.train.optimizer,
+                launched: host.launched.is_some(),
+                link: plan.link.is_some(),
+            },
+        )?;
+        Ok(plan)
     }
 }
 
@@ -447,6 +469,9 @@ fn default_optimizer(model: ModelKind) -> OptimizerConfig {
 pub fn run(args: &TrainArgs) -> Result<()> {
     let launched = crate::world::detect()?;
     let plan = args.plan(Host::detect(launched.as_ref()))?;
+    if plan.ps.is_some() {
+        return crate::train_ps::run(args, &plan, launched.as_ref());
+    }
     if let Some(l) = &launched {
         let t = crate::world::join_with(args.transport, l)?;
         return run_linked(t, &plan, args.quiet);
@@ -610,6 +635,9 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             run.epochs.push(rec);
         }
     }
+    if let (Some(p), 0) = (&plan.save_params, rank) {
+        crate::train_ps::save_params(p, trainer.params())?;
+    }
     let (_, mut sync) = trainer.into_parts();
     let stats = sync.stats();
     if let Some(path) = &plan.timeline {
@@ -681,7 +709,7 @@ fn steps_per_epoch(train_len: usize, world: usize, cfg: &TrainConfig) -> usize {
     cfg.max_steps_per_epoch.map_or(s, |m| s.min(m)).max(1)
 }
 
-fn record(s: &EpochStats) -> EpochRecord {
+pub(crate) fn record(s: &EpochStats) -> EpochRecord {
     EpochRecord {
         epoch: s.epoch as usize + 1,
         train_loss: s.train_loss,
@@ -710,7 +738,7 @@ pub fn write_run(run: &RunRecord, out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn progress_bar(steps: usize, epoch: usize, epochs: usize) -> ProgressBar {
+pub(crate) fn progress_bar(steps: usize, epoch: usize, epochs: usize) -> ProgressBar {
     let bar = ProgressBar::new(steps as u64);
     bar.set_style(
         ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")

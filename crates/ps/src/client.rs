@@ -97,6 +97,10 @@ struct Conn {
     next_seq: u64,
     body: Vec<u8>,
     hello: Vec<u8>,
+    /// Frame bytes written to the shard (every attempt, hellos included).
+    sent: u64,
+    /// Frame bytes read from the shard (headers included).
+    received: u64,
 }
 
 enum Enc {
@@ -162,6 +166,8 @@ impl Conn {
             next_seq: 0,
             body: Vec::new(),
             hello,
+            sent: 0,
+            received: 0,
         }
     }
 
@@ -207,12 +213,14 @@ impl Conn {
             .set_read_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
         stream.write_all(frame).map_err(|e| format!("send: {e}"))?;
+        self.sent += frame.len() as u64;
         loop {
             let h = match read_frame(stream, cfg.max_body, &mut self.body) {
                 Ok(h) => h,
                 Err(ReadError::Closed) => return Err("connection closed by the shard".into()),
                 Err(e) => return Err(format!("reply: {e}")),
             };
+            self.received += (crate::wire::HEADER_LEN + self.body.len()) as u64;
             if h.rid != rid {
                 continue; // a late reply to an earlier attempt
             }
@@ -456,6 +464,15 @@ impl KvStore {
         let mut frame = Vec::new();
         req.encode(0, &mut frame);
         self.conns[shard].call(&mut frame, &self.cfg, deadline)
+    }
+
+    /// Frame bytes this client has written to and read from the shards so far (requests
+    /// and replies on the data connections, headers and retries included; heartbeats,
+    /// which use their own connections, excluded).
+    pub fn bytes(&self) -> (u64, u64) {
+        self.conns
+            .iter()
+            .fold((0, 0), |(s, r), c| (s + c.sent, r + c.received))
     }
 
     /// Number of shards.

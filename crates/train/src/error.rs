@@ -75,4 +75,7 @@ pub enum Error {
     /// The engine refused a setting, or a synchronization failed (naming the rank).
     #[error("engine: {0}")]
     Engine(#[from] gradwire_engine::Error),
+    /// A parameter-server operation failed (naming the shard or the lost worker).
+    #[error("parameter server: {0}")]
+    Ps(#[from] gradwire_ps::Error),
 }

@@ -38,7 +38,8 @@ pub use model::{Eval, Model, ModelKind};
 pub use model::{ParamTensor, TensorRole};
 pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
 pub use sync::{
-    EngineConfig, EngineSync, GradientSync, MomentumConfig, Phase, Rule, SyncStats, SyncStrategy,
+    EngineConfig, EngineSync, GradientSync, MomentumConfig, Phase, PsConfig, PsSync, Rule,
+    SyncStats, SyncStrategy,
 };
 pub use threads::{init_threads, num_threads};
 pub use trainer::{evaluate, EpochStats, EvalMode, StepInfo, TrainConfig, Trainer};

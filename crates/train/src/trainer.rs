@@ -1,6 +1,7 @@
 //! The data-parallel training loop, free of any CLI: per step, this rank's shard batch ->
 //! forward/backward -> [`GradientSync::sync`] -> optimizer step on the flat parameters ->
-//! parameters back into the model; per epoch, an evaluation on the held-out split.
+//! parameters back into the model (or, for a parameter server, forward/backward ->
+//! [`GradientSync::server_step`], which returns the servers' parameters); per epoch, an evaluation on the held-out split.
 
 use std::time::Instant;
 
@@ -229,7 +230,11 @@ impl<S: GradientSync> Trainer<S> {
                 self.sync.record_phase(Phase::Forward, start, fwd);
                 self.sync.record_phase(Phase::Backward, fwd, bwd);
             }
-            let (stats, lr, update_s) = if self.optimizer.updates_by_part() {
+            let remote = self.sync.server_step(&self.grads, &mut self.params)?;
+            let (stats, lr, update_s) = if let Some(stats) = remote {
+                // A parameter server applied the update; `params` hold its result.
+                (stats, self.optimizer.current_lr(), 0.0)
+            } else if self.optimizer.updates_by_part() {
                 // Each tensor is updated as soon as its reduced gradient is in, while the
                 // others are still on the wire.
                 let (optimizer, params) = (&mut self.optimizer, &mut self.params);

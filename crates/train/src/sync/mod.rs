@@ -2,9 +2,11 @@
 //! gradient into the gradient to apply (averaged, or decoded from compressed payloads).
 
 mod engine;
+pub mod ps;
 
 pub use engine::EngineSync;
 pub use gradwire_engine::{EngineConfig, MomentumConfig, Phase, Rule, Strategy as SyncStrategy};
+pub use ps::{PsConfig, PsSync};
 
 use std::ops::Range;
 use std::time::Instant;
@@ -83,6 +85,15 @@ pub trait GradientSync: Send {
         Ok(stats)
     }
 
+    /// For a sync that applies the update itself (a parameter server): takes this rank's
+    /// gradient, leaves in `params` the parameters to continue from, and returns the step's
+    /// costs; the trainer's optimizer is then not used. The default returns `None` (the
+    /// trainer calls [`GradientSync::sync`] and steps its own optimizer).
+    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
+        let _ = (grads, params);
+        Ok(None)
+    }
+
     /// Records a phase of the step (forward, backward, update) in the timeline, if the
     /// sync keeps one. The default ignores it.
     fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
@@ -122,5 +133,8 @@ impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
     }
     fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
         (**self).record_phase(phase, start, end)
+    }
+    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
+        (**self).server_step(grads, params)
     }
 }

@@ -1,0 +1,771 @@
+//! `gradwire train --sync ps-sync|ps-async|ps-ssp:S`: data-parallel training against
+//! parameter-server shards (`crates/ps`) instead of an all-reduce.
+//!
+//! As the parent (no launcher in the environment), `train` starts `--servers S` shard
+//! processes (`gradwire ps serve`, each printing its address), then `--workers N` worker
+//! processes of this binary (with `--worker --ps-servers ADDR,...`), waits for them and
+//! stops the shards. Under a launcher (`gradwire launch`, mpirun, srun, torchrun) each rank
+//! is one worker and the shards must already run: pass their addresses with
+//! `--ps-servers`. Workers never form a rank mesh: they talk only to the shards, so under
+//! `ps-async` a lost worker stalls nobody.
+//!
+//! - `ps-sync`: BSP rounds (the gradient averaged over the round's workers, then the
+//!   server-side updater), the same parameters as all-reduce SGD up to float rounding;
+//!   the epoch loss and the sharded evaluation are averaged through the PS.
+//! - `ps-async`: DistBelief's Downpour (`--n-fetch`, `--n-push`, paper default 1 and 1);
+//!   rank 0 evaluates the parameters it last fetched and reports its own loss. Use Adagrad
+//!   (as DistBelief) or plain SGD: server-side momentum applied to every stale worker's push
+//!   multiplies the step (4 workers with momentum 0.9 diverged on the MLP; rank 0 warns).
+//! - `ps-ssp:S`: stale synchronous parallel with bound S (reporting as `ps-async`).
+//! - `sandblaster`: refused here for now (the L-BFGS library is `gradwire_ps::sandblaster`,
+//!   tested on logistic regression; it is not wired to the models yet).
+//!
+//! The server-side updater mirrors `--optimizer` (`gradwire_train::sync::ps::mirror_optimizer`):
+//! SGD, SGD with momentum, Adagrad (DistBelief) and Adam, constant rate; anything else is
+//! refused before a process starts. Output: the same JSON lines, metrics.jsonl and run.json
+//! as all-reduce training, plus `servers`, `mode` and the measured `bytes_pulled` per epoch
+//! (`bytes_sent` is what rank 0 pushed), and a `ps` object in run.json with every worker's
+//! pushes, pulls and bytes, and the workers lost.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::str::FromStr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gradwire_codec::{CodecConfig, CodecId};
+use gradwire_ps::{Consistency, DeadPolicy, UpdaterSpec};
+use gradwire_train::sync::ps::mirror_optimizer;
+use gradwire_train::{
+    EvalMode, OptimizerConfig, OptimizerKind, PsConfig, PsSync, StepInfo, SyncStrategy, Trainer,
+};
+
+use crate::launch::{describe, spawn_quiet, RankSpec};
+use crate::plot::human_bytes;
+use crate::records::RunRecord;
+use crate::train::{Plan, TrainArgs};
+
+/// What `--sync` asks for: an all-reduce strategy or a parameter-server mode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SyncMode {
+    /// Gradients reduced by the engine with this strategy.
+    AllReduce(SyncStrategy),
+    /// Parameters and optimizer on parameter-server shards.
+    Ps(PsMode),
+}
+
+impl Default for SyncMode {
+    fn default() -> Self {
+        SyncMode::AllReduce(SyncStrategy::default())
+    }
+}
+
+/// The parameter-server modes of `--sync`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PsMode {
+    /// `ps-sync`, `ps-async` or `ps-ssp:S`.
+    Table(Consistency),
+    /// `sandblaster`: DistBelief's batch L-BFGS (refused by `train` for now).
+    Sandblaster,
+}
+
+impl std::fmt::Display for PsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PsMode::Table(c) => write!(f, "ps-{c}"),
+            PsMode::Sandblaster => f.write_str("sandblaster"),
+        }
+    }
+}
+
+impl FromStr for SyncMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        if t == "sandblaster" {
+            return Ok(SyncMode::Ps(PsMode::Sandblaster));
+        }
+        if t.starts_with("ps-") {
+            return t
+                .parse::<Consistency>()
+                .map(|c| SyncMode::Ps(PsMode::Table(c)))
+                .map_err(|_| {
+                    format!("unknown parameter-server mode '{s}' (ps-sync, ps-async, ps-ssp:S)")
+                });
+        }
+        t.parse::<SyncStrategy>()
+            .map(SyncMode::AllReduce)
+            .map_err(|e| {
+                format!("{e}; or a parameter server: ps-sync, ps-async, ps-ssp:S, sandblaster")
+            })
+    }
+}
+
+impl SyncMode {
+    /// The all-reduce strategy (auto for a PS mode) and the PS mode, if any.
+    pub fn split(self) -> (SyncStrategy, Option<PsMode>) {
+        match self {
+            SyncMode::AllReduce(s) => (s, None),
+            SyncMode::Ps(m) => (SyncStrategy::default(), Some(m)),
+        }
+    }
+}
+
+/// The parameter-server flags of `gradwire train`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PsArgs {
+    /// Parameter-server shards to start (with --sync ps-sync, ps-async, ps-ssp:S)
+    /// [default: 1].
+    #[arg(long)]
+    pub servers: Option<usize>,
+    /// Use these running shards (`gradwire ps serve`), in shard order, instead of starting
+    /// them; needed under a launcher.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR,...")]
+    pub ps_servers: Vec<SocketAddr>,
+    /// Downpour: fetch the parameters every this many steps [default: 1, as the paper's
+    /// experiments] (ps-async, ps-ssp).
+    #[arg(long)]
+    pub n_fetch: Option<u64>,
+    /// Downpour: push the accrued gradient every this many steps [default: 1] (ps-async,
+    /// ps-ssp).
+    #[arg(long)]
+    pub n_push: Option<u64>,
+    /// Downpour: learning rate of the local update between fetches [default: the
+    /// optimizer's for SGD, 0 for Adagrad and Adam].
+    #[arg(long)]
+    pub local_lr: Option<f64>,
+    /// What a synchronous round (or SSP read) does about a dead worker: strict (every
+    /// worker fails, naming it) or shrink (it is left out) [default: strict].
+    #[arg(long)]
+    pub dead_policy: Option<DeadPolicy>,
+    /// Write rank 0's final flat parameters to this file (little-endian f32).
+    #[arg(long, value_name = "FILE")]
+    pub save_params: Option<PathBuf>,
+}
+
+/// A validated parameter-server run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PsPlan {
+    /// The consistency of the parameter table.
+    pub consistency: Consistency,
+    /// Shards to start (or the number given by `--ps-servers`).
+    pub servers: usize,
+    /// Running shards to use instead of starting them.
+    pub addrs: Vec<SocketAddr>,
+    /// The server-side updater.
+    pub updater: UpdaterSpec,
+    /// Downpour's fetch period.
+    pub n_fetch: u64,
+    /// Downpour's push period.
+    pub n_push: u64,
+    /// Downpour's local learning rate.
+    pub local_lr: f32,
+    /// Dead-worker policy.
+    pub dead_policy: DeadPolicy,
+}
+
+/// What the rest of the plan says, for the checks that involve a PS flag.
+pub struct PlanContext<'a> {
+    /// The flags.
+    pub args: &'a TrainArgs,
+    /// The codec.
+    pub codec: &'a CodecConfig,
+    /// The optimizer (after momentum correction).
+    pub optimizer: &'a OptimizerConfig,
+    /// Under a launcher.
+    pub launched: bool,
+    /// The emulated link, if any.
+    pub link: bool,
+}
+
+/// Checks the PS flags against the mode and the rest of the plan; `None` without a PS mode.
+pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>> {
+    let a = &cx.args.ps;
+    let Some(mode) = mode else {
+        let given = [
+            ("--servers", a.servers.is_some()),
+            ("--ps-servers", !a.ps_servers.is_empty()),
+            ("--n-fetch", a.n_fetch.is_some()),
+            ("--n-push", a.n_push.is_some()),
+            ("--local-lr", a.local_lr.is_some()),
+            ("--dead-policy", a.dead_policy.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            bail!(
+                "{flag} is a parameter-server flag: it needs --sync ps-sync, ps-async or ps-ssp:S"
+            );
+        }
+        return Ok(None);
+    };
+    let consistency = match mode {
+        PsMode::Table(c) => c,
+        PsMode::Sandblaster => bail!(
+            "--sync sandblaster is not available in `gradwire train` yet: DistBelief's batch \
+             L-BFGS exists as a library (gradwire_ps::sandblaster, tested on logistic \
+             regression) but is not wired to the models; use ps-sync, ps-async or ps-ssp:S"
+        ),
+    };
+    if cx.codec.id() != CodecId::None {
+        bail!(
+            "--codec {} with --sync {mode}: gradient codecs are not wired to parameter-server \
+             training yet (pushes are dense f32); drop --codec",
+            cx.codec
+        );
+    }
+    let t = cx.args;
+    for (flag, given) in [
+        ("--rule", !t.rules.is_empty()),
+        ("--timeline", t.timeline.is_some()),
+        ("--link", t.link.is_some() || cx.link),
+        ("--fusion-bytes", t.fusion_bytes.is_some()),
+        ("--threads-as-workers", t.threads_as_workers),
+    ] {
+        if given {
+            bail!("{flag} is an all-reduce setting; it does not apply to --sync {mode}");
+        }
+    }
+    let downpour = a.n_fetch.is_some() || a.n_push.is_some() || a.local_lr.is_some();
+    if downpour && consistency == Consistency::Sync {
+        bail!("--n-fetch, --n-push and --local-lr are Downpour's: they need --sync ps-async or ps-ssp:S");
+    }
+    if a.dead_policy.is_some() && consistency == Consistency::Async {
+        bail!("--dead-policy applies to ps-sync and ps-ssp:S (ps-async never waits for a worker)");
+    }
+    let (n_fetch, n_push) = (a.n_fetch.unwrap_or(1), a.n_push.unwrap_or(1));
+    if n_fetch == 0 || n_push == 0 {
+        bail!("--n-fetch and --n-push must be at least 1");
+    }
+    let updater =
+        mirror_optimizer(cx.optimizer).map_err(|e| anyhow::anyhow!("--sync {mode}: {e:#}"))?;
+    let local_lr = match a.local_lr {
+        Some(l) if !(l.is_finite() && l >= 0.0) => bail!("--local-lr must be >= 0, not {l}"),
+        Some(l) => l as f32,
+        None => match cx.optimizer.kind {
+            OptimizerKind::Sgd { .. } => cx.optimizer.lr as f32,
+            _ => 0.0,
+        },
+    };
+    let servers = if a.ps_servers.is_empty() {
+        if cx.launched {
+            bail!(
+                "--sync {mode} under a launcher: start the shards with `gradwire ps serve \
+                 --workers N` and pass their addresses with --ps-servers ADDR,..."
+            );
+        }
+        a.servers.unwrap_or(1)
+    } else {
+        if let Some(s) = a.servers.filter(|&s| s != a.ps_servers.len()) {
+            bail!(
+                "--servers {s} but --ps-servers names {} shard(s)",
+                a.ps_servers.len()
+            );
+        }
+        a.ps_servers.len()
+    };
+    if !(1..=64).contains(&servers) {
+        bail!("--servers must be between 1 and 64");
+    }
+    Ok(Some(PsPlan {
+        consistency,
+        servers,
+        addrs: a.ps_servers.clone(),
+        updater,
+        n_fetch,
+        n_push,
+        local_lr,
+        dead_policy: a.dead_policy.unwrap_or_default(),
+    }))
+}
+
+/// Writes `params` as little-endian f32 to `path`.
+pub fn save_params(path: &Path, params: &[f32]) -> Result<()> {
+    let bytes: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs a parameter-server `train` (parent, or one worker).
+pub fn run(args: &TrainArgs, plan: &Plan, launched: Option<&crate::world::Launched>) -> Result<()> {
+    let ps = plan.ps.as_ref().expect("a ps plan");
+    if let Some(l) = launched {
+        return run_worker(l.config.rank, l.config.world_size, plan, ps, args.quiet);
+    }
+    if args.worker {
+        bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
+    }
+    let mut shards = None;
+    let addrs = if ps.addrs.is_empty() {
+        let s = Shards::start(ps.servers, plan.workers, &ShardOptions::default())?;
+        let a = s.addrs.clone();
+        shards = Some(s);
+        a
+    } else {
+        ps.addrs.clone()
+    };
+    let mut ps_run = ps.clone();
+    ps_run.addrs = addrs.clone();
+    if plan.workers == 1 {
+        return run_worker(0, 1, plan, &ps_run, args.quiet);
+    }
+    std::fs::create_dir_all(&plan.out)
+        .with_context(|| format!("creating {}", plan.out.display()))?;
+    for r in 0..plan.workers {
+        let _ = std::fs::remove_file(worker_file(&plan.out, r));
+    }
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let mut child_args: Vec<String> = std::env::args().skip(1).collect();
+    child_args.push("--worker".into());
+    child_args.push(format!(
+        "--ps-servers={}",
+        addrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    ));
+    let spec = RankSpec {
+        np: plan.workers,
+        master: None,
+        timeout: None,
+        program: exe.display().to_string(),
+        args: child_args,
+    };
+    let statuses = spawn_quiet(&spec)?.wait_all()?;
+    drop(shards);
+    let lost: Vec<(usize, ExitStatus)> = statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.success())
+        .map(|(r, s)| (r, *s))
+        .collect();
+    for (r, s) in &lost {
+        // Killed by a signal: lost; an exit code: it failed (its own error says why).
+        let what = if s.code().is_none() {
+            "was lost"
+        } else {
+            "failed"
+        };
+        eprintln!("gradwire train: worker {r} {what} ({})", describe(*s));
+    }
+    if let Some((_, s)) = lost.iter().find(|(r, _)| *r == 0) {
+        bail!("worker 0 failed ({}): no report", describe(*s));
+    }
+    if ps.consistency == Consistency::Sync
+        && ps.dead_policy == DeadPolicy::Strict
+        && !lost.is_empty()
+    {
+        bail!(
+            "worker {} failed under ps-sync ({})",
+            lost[0].0,
+            describe(lost[0].1)
+        );
+    }
+    if !lost.is_empty() {
+        eprintln!(
+            "gradwire train: the other workers trained on without them (--sync {})",
+            PsMode::Table(ps.consistency)
+        );
+    }
+    merge_worker_reports(&plan.out, plan.workers, &lost)
+}
+
+fn worker_file(out: &Path, rank: usize) -> PathBuf {
+    out.join(format!("ps-worker-{rank}.json"))
+}
+
+/// Adds every finished worker's summary and the lost workers to rank 0's run.json.
+fn merge_worker_reports(out: &Path, workers: usize, lost: &[(usize, ExitStatus)]) -> Result<()> {
+    let path = out.join("run.json");
+    let mut run: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", path.display()))?;
+    let mut reports = Vec::new();
+    let (mut pushed, mut pulled) = (0u64, 0u64);
+    for r in 0..workers {
+        if let Ok(text) = std::fs::read_to_string(worker_file(out, r)) {
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", worker_file(out, r).display()))?;
+            pushed += v["bytes_pushed"].as_u64().unwrap_or(0);
+            pulled += v["bytes_pulled"].as_u64().unwrap_or(0);
+            reports.push(v);
+        }
+    }
+    let ps = &mut run["ps"];
+    ps["workers"] = serde_json::json!(reports);
+    ps["workers_lost"] = serde_json::json!(lost
+        .iter()
+        .map(|(r, s)| serde_json::json!({"rank": r, "status": describe(*s)}))
+        .collect::<Vec<_>>());
+    ps["bytes_pushed_all"] = pushed.into();
+    ps["bytes_pulled_all"] = pulled.into();
+    std::fs::write(&path, serde_json::to_string_pretty(&run)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// One worker: trains against the shards; rank 0 reports.
+fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) -> Result<()> {
+    gradwire_train::init_threads(plan.threads);
+    let data = plan
+        .dataset
+        .load(&plan.data, plan.seq_len)
+        .with_context(|| format!("worker {rank}: loading {}", plan.dataset.name()))?;
+    let model = plan.model.build(data.shape(), plan.train.seed)?;
+    let cfg = PsConfig {
+        n_fetch: ps.n_fetch,
+        n_push: ps.n_push,
+        local_lr: ps.local_lr,
+        dead_policy: ps.dead_policy,
+        ..PsConfig::new(ps.addrs.clone(), ps.consistency, ps.updater)
+    };
+    let sync = PsSync::connect(rank, world, model.num_params(), cfg)
+        .with_context(|| format!("worker {rank}: connecting to the shards"))?;
+    let mode = PsMode::Table(ps.consistency).to_string();
+    eprintln!(
+        "gradwire train: ps worker {rank}/{world} connected to {} shard(s)",
+        ps.addrs.len()
+    );
+    let mut train = plan.train.clone();
+    train.eval = if ps.consistency == Consistency::Sync {
+        EvalMode::Sharded
+    } else {
+        EvalMode::Rank0
+    };
+    let mut trainer = Trainer::new(model, sync, train, data.train.len())
+        .with_context(|| format!("worker {rank}: initializing the parameter table"))?;
+    let steps = trainer.steps_per_epoch(data.train.len());
+    let reporting = rank == 0;
+    if reporting {
+        eprintln!(
+            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), {} shard(s), --sync {mode}, server updater {}{}, {} steps/epoch x {} epochs, batch {} per worker",
+            plan.model.name(),
+            plan.dataset.name(),
+            data.train.len(),
+            data.test.len(),
+            ps.addrs.len(),
+            ps.updater,
+            if ps.n_fetch > 1 || ps.n_push > 1 {
+                format!(", n_fetch {} n_push {} local lr {}", ps.n_fetch, ps.n_push, ps.local_lr)
+            } else {
+                String::new()
+            },
+            steps,
+            plan.train.epochs,
+            plan.train.batch_size
+        );
+        if ps.consistency != Consistency::Sync && matches!(ps.updater, UpdaterSpec::Momentum { .. })
+        {
+            eprintln!(
+                "gradwire train: warning: under --sync {mode} the shards apply every worker's push \
+                 with momentum, so {world} stale workers take steps up to {world}/(1-mu) times \
+                 larger than one; if it diverges use --optimizer adagrad:lr=... (DistBelief's \
+                 Downpour) or plain SGD"
+            );
+        }
+        std::fs::create_dir_all(&plan.out)
+            .with_context(|| format!("creating {}", plan.out.display()))?;
+        let _ = std::fs::remove_file(plan.out.join("metrics.jsonl"));
+    }
+    let mut run = RunRecord {
+        codec: plan.codec.to_string(),
+        model: plan.model.name().into(),
+        dataset: plan.dataset.name().into(),
+        workers: world,
+        steps_per_epoch: steps,
+        epochs: Vec::new(),
+        momentum_correction: None,
+        provenance: Some(crate::records::Provenance::current()),
+        engine: None,
+    };
+    let mut total_steps = 0u64;
+    let mut last = String::new();
+    for epoch in 0..plan.train.epochs {
+        let bar = (reporting && !quiet)
+            .then(|| crate::train::progress_bar(steps, epoch, plan.train.epochs));
+        let start = Instant::now();
+        let pulled0 = trainer.sync().bytes().1;
+        let mut on_step = |s: &StepInfo| {
+            if let Some(b) = &bar {
+                b.set_position(s.step as u64 + 1);
+                let ms = start.elapsed().as_secs_f64() * 1e3 / (s.step + 1) as f64;
+                b.set_message(format!("loss {:.4}{last} | {ms:.0} ms/step", s.loss));
+            }
+        };
+        let stats = trainer
+            .run_epoch(&data, &mut on_step)
+            .with_context(|| format!("worker {rank}, epoch {}", epoch + 1))?;
+        total_steps += steps as u64;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if reporting {
+            let rec = crate::train::record(&stats);
+            last = rec
+                .test_accuracy
+                .map_or(String::new(), |a| format!(" | acc {:.2}%", a * 100.0));
+            let mut line = serde_json::to_value(&rec)?;
+            line["servers"] = ps.addrs.len().into();
+            line["mode"] = mode.clone().into();
+            line["bytes_pulled"] = trainer.sync().bytes().1.saturating_sub(pulled0).into();
+            println!("{}", serde_json::to_string(&line)?);
+            eprintln!(
+                "epoch {}/{}: loss {:.4}{last} | {:.1} s (compute {:.1}, ps {:.1}) | pushed {} pulled {}",
+                rec.epoch,
+                plan.train.epochs,
+                rec.train_loss,
+                rec.wall_s,
+                rec.compute_s,
+                rec.comm_s,
+                human_bytes(rec.bytes_sent as f64),
+                human_bytes(line["bytes_pulled"].as_f64().unwrap_or(0.0))
+            );
+            append_line(&plan.out.join("metrics.jsonl"), &line)?;
+            if let Some(j) = &plan.json {
+                append_line(j, &line)?;
+            }
+            run.epochs.push(rec);
+        }
+    }
+    if reporting {
+        if let Some(p) = &plan.save_params {
+            save_params(p, trainer.params())?;
+        }
+    }
+    let (_, sync) = trainer.into_parts();
+    let (pushed, pulled) = sync.bytes();
+    let (pushes, pulls) = sync.ops();
+    sync.leave()
+        .with_context(|| format!("worker {rank}: leaving the shards"))?;
+    let summary = serde_json::json!({
+        "rank": rank,
+        "steps": total_steps,
+        "pushes": pushes,
+        "pulls": pulls,
+        "bytes_pushed": pushed,
+        "bytes_pulled": pulled,
+    });
+    eprintln!(
+        "gradwire train: ps worker {rank} finished: {total_steps} steps, {pushes} pushes, {pulls} pulls, pushed {} pulled {}",
+        human_bytes(pushed as f64),
+        human_bytes(pulled as f64)
+    );
+    if world > 1 {
+        std::fs::create_dir_all(&plan.out).ok();
+        std::fs::write(worker_file(&plan.out, rank), summary.to_string() + "\n")
+            .with_context(|| format!("writing {}", worker_file(&plan.out, rank).display()))?;
+    }
+    if reporting {
+        crate::train::write_run(&run, &plan.out)?;
+        let path = plan.out.join("run.json");
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        v["ps"] = serde_json::json!({
+            "mode": mode,
+            "servers": ps.addrs.len(),
+            "updater": ps.updater.to_string(),
+            "n_fetch": ps.n_fetch,
+            "n_push": ps.n_push,
+            // Through its shortest decimal form, so 0.05 reads 0.05 and not 0.0500000007.
+            "local_lr": ps.local_lr.to_string().parse::<f64>().unwrap_or(0.0),
+            "bytes_pushed": pushed,
+            "bytes_pulled": pulled,
+            "rank0": summary,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&v)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("gradwire train: wrote {}", plan.out.display());
+    }
+    Ok(())
+}
+
+fn append_line(path: &Path, v: &serde_json::Value) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{v}").with_context(|| format!("writing {}", path.display()))
+}
+
+/// Settings of the shard processes.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    /// A worker silent this long is dead.
+    pub heartbeat_timeout_s: f64,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            heartbeat_timeout_s: 10.0,
+        }
+    }
+}
+
+/// Shard processes (`gradwire ps serve`) of this run; dropping stops them.
+pub struct Shards {
+    children: Vec<Child>,
+    /// Their addresses, in shard order.
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl Shards {
+    /// Starts `n` shards for `workers` workers on loopback and waits for their addresses.
+    pub fn start(n: usize, workers: usize, opts: &ShardOptions) -> Result<Shards> {
+        let exe = std::env::current_exe().context("locating the gradwire binary")?;
+        let mut shards = Shards {
+            children: Vec::new(),
+            addrs: Vec::new(),
+        };
+        let mut lines = Vec::new();
+        for i in 0..n {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["ps", "serve", "--listen", "127.0.0.1:0"])
+                .arg(format!("--shard-id={i}"))
+                .arg(format!("--workers={workers}"))
+                .arg(format!("--heartbeat-timeout={}", opts.heartbeat_timeout_s))
+                .env_remove("GRADWIRE_RANK")
+                .env_remove("GRADWIRE_WORLD_SIZE")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped());
+            // SAFETY: setpgid and prctl are async-signal-safe. The shard leads its own
+            // process group and dies with this process, so none outlives a crashed parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setpgid(0, 0);
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let mut child = cmd
+                .spawn()
+                .with_context(|| format!("starting shard {i}: {}", exe.display()))?;
+            let out = child.stdout.take().expect("piped");
+            shards.children.push(child);
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(out);
+                let mut line = String::new();
+                let _ = r.read_line(&mut line);
+                let _ = tx.send(line);
+                // Keep reading so the shard never blocks on a full pipe.
+                let _ = std::io::copy(&mut r, &mut std::io::sink());
+            });
+            lines.push(rx);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (i, rx) in lines.into_iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .map_err(|_| anyhow::anyhow!("shard {i} printed no address within 30 s"))?;
+            let addr = line
+                .trim()
+                .strip_prefix("listening on ")
+                .and_then(|a| a.parse().ok())
+                .with_context(|| format!("shard {i} did not start (it printed {line:?})"))?;
+            shards.addrs.push(addr);
+        }
+        Ok(shards)
+    }
+}
+
+impl Drop for Shards {
+    fn drop(&mut self) {
+        for c in &self.children {
+            // SAFETY: kill(2) on the process group of a shard we spawned and have not reaped.
+            unsafe { libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL) };
+        }
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::Host;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    const ALONE: Host = Host {
+        cores: 8,
+        launched: None,
+    };
+
+    fn plan_of(flags: &[&str]) -> Result<Plan> {
+        let a = Cli::try_parse_from(std::iter::once("train").chain(flags.iter().copied()))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .args;
+        a.plan(ALONE)
+    }
+
+    fn refused(flags: &[&str], words: &[&str]) {
+        let e = format!("{:#}", plan_of(flags).unwrap_err());
+        for w in words {
+            assert!(e.contains(w), "{flags:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn ps_modes_parse_and_mirror_the_optimizer() {
+        let p = plan_of(&["--sync", "ps-async", "--workers", "4", "--servers", "2"]).unwrap();
+        let ps = p.ps.unwrap();
+        assert_eq!(ps.consistency, Consistency::Async);
+        assert_eq!((ps.servers, ps.n_fetch, ps.n_push), (2, 1, 1));
+        assert_eq!(ps.updater, UpdaterSpec::Momentum { lr: 0.05, mu: 0.9 });
+        let p = plan_of(&["--sync", "ps-ssp:3", "--optimizer", "adagrad:lr=0.1"]).unwrap();
+        let ps = p.ps.unwrap();
+        assert_eq!(ps.consistency, Consistency::Ssp { staleness: 3 });
+        assert!(matches!(ps.updater, UpdaterSpec::Adagrad { .. }));
+        assert_eq!(ps.local_lr, 0.0);
+        let p = plan_of(&["--sync", "ps-sync"]).unwrap();
+        assert_eq!(p.ps.unwrap().servers, 1);
+        assert!(plan_of(&["--sync", "dense"]).unwrap().ps.is_none());
+    }
+
+    #[test]
+    fn bad_ps_flag_combinations_are_refused_by_name() {
+        refused(&["--servers", "2"], &["--servers", "ps-sync"]);
+        refused(&["--n-fetch", "3", "--sync", "dense"], &["--n-fetch"]);
+        refused(
+            &["--sync", "ps-sync", "--n-push", "2"],
+            &["Downpour", "ps-async"],
+        );
+        refused(
+            &["--sync", "sandblaster"],
+            &["sandblaster", "not available"],
+        );
+        refused(
+            &["--sync", "ps-async", "--codec", "topk"],
+            &["--codec", "dense"],
+        );
+        refused(
+            &["--sync", "ps-async", "--optimizer", "sgd:lr=0.1,wd=0.0001"],
+            &["weight decay"],
+        );
+        refused(&["--sync", "ps-sync", "--servers", "0"], &["--servers"]);
+        refused(
+            &["--sync", "ps-sync", "--timeline", "t.json"],
+            &["--timeline", "all-reduce"],
+        );
+        refused(
+            &["--sync", "ps-async", "--dead-policy", "shrink"],
+            &["--dead-policy"],
+        );
+        let e = Cli::try_parse_from(["train", "--sync", "ps-bogus"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("ps-async"), "{e}");
+    }
+}

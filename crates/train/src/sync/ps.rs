@@ -1,0 +1,386 @@
+//! [`PsSync`]: data-parallel training against `gradwire-ps` parameter-server shards instead
+//! of an all-reduce. The servers own the parameters and the optimizer: each step a worker
+//! pushes its gradient and pulls the parameters to continue from
+//! ([`GradientSync::server_step`]); the trainer's own optimizer is not used.
+//!
+//! - **Parameters**: one flat table (key 1) of the model's parameters, cut into one chunk
+//!   per shard (consistent hashing with bounded loads puts one on each), so a push or pull
+//!   talks to every shard in parallel. Every worker `init`s it with its own initial
+//!   parameters (identical on every rank: same seed); the first init wins on each shard.
+//! - **Updater**: the server-side updater mirrors the chosen optimizer
+//!   ([`mirror_optimizer`]): SGD → `sgd`, SGD with momentum → `momentum` (PyTorch's heavy
+//!   ball: `v = mu v + g; w -= lr v`), Adagrad → `adagrad` (DistBelief's Downpour with
+//!   Adagrad), Adam → `adam`. What a shard cannot do (weight decay, warm-up, decay
+//!   schedules, clipping, Nesterov, dampening, AdamW, a non-zero Adagrad accumulator start)
+//!   is refused rather than silently dropped.
+//! - **Consistency**: `sync` (BSP: a round closes after one push from each live worker, the
+//!   gradient averaged, so PS synchronous SGD computes what all-reduce SGD computes), `async`
+//!   (Downpour: each push is applied as it arrives with the full learning rate) and
+//!   `ssp:S` (a pull waits until the slowest worker is within S pushes).
+//! - **Downpour** (DistBelief's supplementary algorithm): with `n_fetch = n_push = 1` (the
+//!   paper's experiments; the default) a step is one `push_pull`. Otherwise the worker
+//!   applies each gradient to its local copy (`w -= local_lr · g`), accrues it, pushes the
+//!   accrued gradient every `n_push` steps and fetches the parameters every `n_fetch` steps.
+//!   The trainer computes the gradient before calling the sync, so the fetch that the paper
+//!   does at the top of step `k` is done here at the end of step `k - 1` (the same sequence).
+//! - **Metrics**: under `sync`, [`GradientSync::average_metrics`] averages through a fresh
+//!   synchronous `sum` table per call (exact in f32), so the epoch's loss and the sharded
+//!   evaluation match all-reduce training. Under `async` and SSP nothing waits for the other
+//!   workers (a dead one must not stall the rest), so metrics stay this worker's own.
+//! - **Bytes**: every frame byte the worker's client writes and reads (`KvStore::bytes`),
+//!   headers and retries included; heartbeats run on their own connections and are not
+//!   counted.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use gradwire_ps::{
+    ClientConfig, Consistency, DeadPolicy, Key, KvStore, TableSpec, UpdaterSpec, WorkerId,
+};
+
+use super::{GradientSync, SyncStats};
+use crate::error::{Error, Result};
+use crate::optim::{LrDecay, OptimizerConfig, OptimizerKind};
+
+/// The parameter table's key.
+const PARAMS: Key = Key(1);
+/// Metric tables take keys from here up (one fresh table per `average_metrics` call).
+const METRICS_BASE: u64 = 1 << 32;
+
+/// How a worker trains against the parameter server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PsConfig {
+    /// The shards' addresses, in shard order.
+    pub shards: Vec<SocketAddr>,
+    /// BSP, Downpour (async) or SSP.
+    pub consistency: Consistency,
+    /// The server-side optimizer (see [`mirror_optimizer`]).
+    pub updater: UpdaterSpec,
+    /// What a sync round or SSP read does about a dead worker.
+    pub dead_policy: DeadPolicy,
+    /// Fetch the parameters every this many steps (Downpour's `n_fetch`; 1 in the paper).
+    pub n_fetch: u64,
+    /// Push the accrued gradient every this many steps (Downpour's `n_push`; 1 in the paper).
+    pub n_push: u64,
+    /// Learning rate of the local update between fetches (unused when `n_fetch` is 1).
+    pub local_lr: f32,
+    /// How long one PS operation may take, retries included.
+    pub deadline: Duration,
+}
+
+impl PsConfig {
+    /// Synchronous rounds, no Downpour loop, strict dead-worker policy, 60 s deadline.
+    pub fn new(shards: Vec<SocketAddr>, consistency: Consistency, updater: UpdaterSpec) -> Self {
+        PsConfig {
+            shards,
+            consistency,
+            updater,
+            dead_policy: DeadPolicy::Strict,
+            n_fetch: 1,
+            n_push: 1,
+            local_lr: 0.0,
+            deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The server-side updater that performs `o`'s update, or why a shard cannot.
+pub fn mirror_optimizer(o: &OptimizerConfig) -> Result<UpdaterSpec> {
+    let refuse = |what: &str| {
+        Err(Error::Config(format!(
+            "the parameter server cannot run optimizer {o}: {what} (the shards apply a constant \
+             learning rate with sgd, momentum, adagrad or adam and nothing else)"
+        )))
+    };
+    if o.weight_decay != 0.0 {
+        return refuse("weight decay");
+    }
+    if o.warmup_steps != 0 || !matches!(o.decay, LrDecay::Constant) {
+        return refuse("a learning-rate schedule");
+    }
+    if o.clip_norm.is_some() {
+        return refuse("gradient clipping");
+    }
+    let lr = o.lr as f32;
+    match o.kind {
+        OptimizerKind::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+        } => {
+            if nesterov {
+                return refuse("Nesterov momentum");
+            }
+            if momentum == 0.0 {
+                Ok(UpdaterSpec::Sgd { lr })
+            } else if dampening != 0.0 {
+                refuse("momentum dampening")
+            } else {
+                Ok(UpdaterSpec::Momentum {
+                    lr,
+                    mu: momentum as f32,
+                })
+            }
+        }
+        OptimizerKind::Adagrad {
+            eps,
+            initial_accumulator,
+        } => {
+            if initial_accumulator != 0.0 {
+                return refuse("a non-zero initial accumulator");
+            }
+            Ok(UpdaterSpec::Adagrad {
+                lr,
+                eps: eps as f32,
+            })
+        }
+        OptimizerKind::Adam {
+            beta1,
+            beta2,
+            eps,
+            decoupled,
+        } => {
+            if decoupled {
+                return refuse("decoupled weight decay (AdamW)");
+            }
+            Ok(UpdaterSpec::Adam {
+                lr,
+                beta1: beta1 as f32,
+                beta2: beta2 as f32,
+                eps: eps as f32,
+            })
+        }
+    }
+}
+
+/// One worker's handle on the parameter server, as the trainer's sync (see the module doc).
+pub struct PsSync {
+    kv: Option<KvStore>,
+    cfg: PsConfig,
+    rank: usize,
+    world: usize,
+    len: usize,
+    step: u64,
+    accrued: Vec<f32>,
+    metric_calls: u64,
+    sent: u64,
+    pushes: u64,
+    pulls: u64,
+}
+
+impl PsSync {
+    /// Connects worker `rank` of `world` to the shards, for a model of `n_params`
+    /// parameters. Fails (naming the shard) when one is unreachable before the deadline.
+    pub fn connect(rank: usize, world: usize, n_params: usize, cfg: PsConfig) -> Result<Self> {
+        if cfg.shards.is_empty() {
+            return Err(Error::Config("no parameter-server shard given".into()));
+        }
+        if cfg.consistency == Consistency::Sync && (cfg.n_fetch > 1 || cfg.n_push > 1) {
+            return Err(Error::Config(
+                "n_fetch and n_push are Downpour's: they need an async or ssp table".into(),
+            ));
+        }
+        let mut c = ClientConfig::new(WorkerId(rank as u32), cfg.shards.clone());
+        c.chunk_elems = n_params.div_ceil(cfg.shards.len()).max(1);
+        c.deadline = cfg.deadline;
+        c.attempt_timeout = cfg.deadline.mul_f64(2.0 / 3.0);
+        c.seed = rank as u64;
+        let kv = KvStore::connect(c)?;
+        Ok(PsSync {
+            kv: Some(kv),
+            rank,
+            world,
+            len: n_params,
+            step: 0,
+            accrued: Vec::new(),
+            metric_calls: 0,
+            sent: 0,
+            pushes: 0,
+            pulls: 0,
+            cfg,
+        })
+    }
+
+    fn kv(&mut self) -> &mut KvStore {
+        self.kv.as_mut().expect("client present until leave")
+    }
+
+    /// Frame bytes written to (pushed) and read from (pulled) the shards so far.
+    pub fn bytes(&self) -> (u64, u64) {
+        self.kv.as_ref().map_or((0, 0), KvStore::bytes)
+    }
+
+    /// Pushes and pulls of the parameter table so far.
+    pub fn ops(&self) -> (u64, u64) {
+        (self.pushes, self.pulls)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PsConfig {
+        &self.cfg
+    }
+
+    /// Pushes any gradient still accrued (Downpour) and leaves, so sync rounds and SSP
+    /// reads stop waiting for this worker.
+    pub fn leave(mut self) -> Result<()> {
+        if self.accrued.iter().any(|a| *a != 0.0) {
+            let acc = std::mem::take(&mut self.accrued);
+            self.kv().push(PARAMS, &acc)?;
+            self.pushes += 1;
+        }
+        if let Some(kv) = self.kv.take() {
+            kv.leave()?;
+        }
+        Ok(())
+    }
+
+    fn table(&self) -> TableSpec {
+        TableSpec::new(self.cfg.consistency, self.cfg.updater)
+            .with_dead_policy(self.cfg.dead_policy)
+    }
+}
+
+impl GradientSync for PsSync {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Initializes the parameter table (first init wins) and pulls it.
+    fn broadcast_params(&mut self, params: &mut [f32]) -> Result<()> {
+        if params.len() != self.len {
+            return Err(Error::LengthMismatch {
+                what: "parameters",
+                expected: self.len,
+                got: params.len(),
+            });
+        }
+        let spec = self.table();
+        self.kv().init(PARAMS, spec, params)?;
+        self.kv().pull(PARAMS, params)?;
+        self.pulls += 1;
+        self.sent = self.bytes().0;
+        Ok(())
+    }
+
+    fn sync(&mut self, _grads: &mut [f32]) -> Result<SyncStats> {
+        Err(Error::Config(
+            "the parameter server applies the update itself: the trainer calls server_step".into(),
+        ))
+    }
+
+    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
+        for (what, got) in [("gradients", grads.len()), ("parameters", params.len())] {
+            if got != self.len {
+                return Err(Error::LengthMismatch {
+                    what,
+                    expected: self.len,
+                    got,
+                });
+            }
+        }
+        let t0 = Instant::now();
+        let (n_fetch, n_push) = (self.cfg.n_fetch.max(1), self.cfg.n_push.max(1));
+        self.step += 1;
+        let mut pushed = false;
+        if n_fetch == 1 && n_push == 1 {
+            let kv = self.kv.as_mut().expect("client present until leave");
+            kv.push_pull(PARAMS, grads, params)?;
+            (self.pushes, self.pulls) = (self.pushes + 1, self.pulls + 1);
+            pushed = true;
+        } else {
+            if self.accrued.len() != self.len {
+                self.accrued = vec![0.0; self.len];
+            }
+            let lr = self.cfg.local_lr;
+            for ((p, a), g) in params.iter_mut().zip(self.accrued.iter_mut()).zip(grads) {
+                *p -= lr * g;
+                *a += g;
+            }
+            let kv = self.kv.as_mut().expect("client present until leave");
+            if self.step.is_multiple_of(n_push) {
+                kv.push(PARAMS, &self.accrued)?;
+                self.accrued.iter_mut().for_each(|a| *a = 0.0);
+                self.pushes += 1;
+                pushed = true;
+            }
+            if self.step.is_multiple_of(n_fetch) {
+                kv.pull(PARAMS, params)?;
+                self.pulls += 1;
+            }
+        }
+        let sent = self.bytes().0;
+        let delta = sent.saturating_sub(self.sent);
+        self.sent = sent;
+        let raw = if pushed { 4 * self.len as u64 } else { 0 };
+        Ok(Some(SyncStats {
+            bytes_sent: delta,
+            comm_s: t0.elapsed().as_secs_f64(),
+            raw_bytes: raw,
+            encoded_bytes: if pushed { delta } else { 0 },
+        }))
+    }
+
+    /// Under `sync`: the mean over the live workers, through a fresh synchronous `sum`
+    /// table. Otherwise the values stay this worker's own (nothing may wait for a worker
+    /// that might be dead).
+    fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
+        if self.world == 1 || self.cfg.consistency != Consistency::Sync || values.is_empty() {
+            return Ok(());
+        }
+        let key = Key(METRICS_BASE + self.metric_calls);
+        self.metric_calls += 1;
+        let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Sum)
+            .with_dead_policy(self.cfg.dead_policy);
+        let mine: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        let mut out = vec![0.0f32; mine.len()];
+        let kv = self.kv();
+        kv.init(key, spec, &vec![0.0; mine.len()])?;
+        kv.push_pull(key, &mine, &mut out)?;
+        for (v, o) in values.iter_mut().zip(&out) {
+            *v = f64::from(*o);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn optimizers_mirror_to_updaters_or_are_refused_by_name() {
+        let m = |s: &str| mirror_optimizer(&s.parse::<OptimizerConfig>().unwrap());
+        assert_eq!(
+            m("sgd:lr=0.1,momentum=0").unwrap(),
+            UpdaterSpec::Sgd { lr: 0.1 }
+        );
+        assert_eq!(
+            m("sgd:lr=0.05,momentum=0.9").unwrap(),
+            UpdaterSpec::Momentum { lr: 0.05, mu: 0.9 }
+        );
+        assert_eq!(
+            m("adagrad:lr=0.1").unwrap(),
+            UpdaterSpec::Adagrad {
+                lr: 0.1,
+                eps: 1e-10
+            }
+        );
+        assert!(matches!(
+            m("adam:lr=0.001").unwrap(),
+            UpdaterSpec::Adam { lr, .. } if lr == 0.001
+        ));
+        for (spec, word) in [
+            ("sgd:lr=0.1,wd=0.0005", "weight decay"),
+            ("sgd:lr=0.1,momentum=0.9,nesterov", "Nesterov"),
+            ("sgd:lr=0.1,warmup=10", "schedule"),
+            ("adam:lr=0.001,clip=5", "clipping"),
+        ] {
+            let e = m(spec).unwrap_err().to_string();
+            assert!(e.contains(word), "{spec}: {e}");
+        }
+    }
+}
