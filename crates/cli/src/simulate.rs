@@ -9,11 +9,23 @@
 //!   per tensor as the engine builds them (sparse codecs: the pairs the sparse all-reduce
 //!   sends, 8 bytes each). DGC is measured past its warm-up.
 //!
-//! With `--calibrate` also the stack (under a second): the per-message software cost `alpha`
-//! (ping-pong of 8 bytes between two in-process ranks), the reduction cost `gamma` (f32 adds),
-//! and, for each `--link` of at most 10 Gbit/s, the effective bandwidth through the link
-//! emulator (one-way time of a message of about 20 ms on the wire). Without it `alpha` is the
-//! link's latency alone and `gamma` is [`DEFAULT_GAMMA`].
+//! With `--calibrate` also the stack (about a second): over a TCP loopback pair (the transport
+//! `gradwire train` uses between processes), the per-message software cost (one-way time of 8
+//! bytes, added to each link's latency in `alpha`) and the per-byte software cost (one-way
+//! time of 4 MiB minus that, added to each link's wire time in `beta`: the copies and the wire
+//! do not overlap), and the reduction cost `gamma` (f32 adds). Without it `alpha` is the
+//! link's latency, `beta` its wire time and `gamma` [`DEFAULT_GAMMA`].
+//!
+//! `--calibrate` also runs each codec through the engine itself (two in-process ranks, no
+//! link emulation, [`ENGINE_STEPS`] steps of the model's gradient): the engine spends more
+//! than the bare encode and decode (error feedback, stripe and factor planning, PowerSGD's
+//! orthogonalization and decompression, the progress thread), so the codec costs are scaled
+//! by the measured sync time over the predicted one at two ranks (never below 1).
+//!
+//! `--host-cores N` models the P workers sharing N cores of one host (validation on this
+//! machine): compute and codec costs, measured with the whole machine, are multiplied by
+//! `max(1, P / N)` (a `--compute-ms` is taken as given). Efficiency stays relative to one
+//! worker with the machine to itself.
 //!
 //! JSON (`--json FILE`): `{"results":[{"workers":64,"link":"10gbit","codec":"dgc:ratio=0.001",
 //! "step_s":0.21,"speedup":2.4,"efficiency":0.83}],"inputs":{...},"provenance":{...}}`;
@@ -24,17 +36,19 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use gradwire_codec::{BuildContext, Codec, CodecConfig, Progress, SparseGrad, TensorInfo};
-use gradwire_engine::{EngineConfig, Strategy};
-use gradwire_sim::{predict, CodecProfile, ModelProfile, Network, Scenario};
+use gradwire_engine::{Engine, EngineConfig, Strategy, TensorSpec};
+use gradwire_sim::{predict, step, CodecProfile, ModelProfile, Network, Scenario};
 use gradwire_train::data::{Batch, DataShape, DatasetKind, ImageBatch};
 use gradwire_train::{Model, ModelKind};
-use gradwire_transport::link::{LinkConfig, Throttled};
+use gradwire_transport::link::LinkConfig;
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::Serialize;
 
 /// Forward-backward passes timed for the compute per step (after one warm-up).
 pub const COMPUTE_STEPS: usize = 3;
+/// Engine steps timed per codec by `--calibrate` (after one warm-up).
+pub const ENGINE_STEPS: usize = 3;
 /// Seconds per byte reduced when not calibrated (10 GB/s of f32 adds).
 pub const DEFAULT_GAMMA: f64 = 0.1e-9;
 
@@ -73,6 +87,10 @@ pub struct SimulateArgs {
     /// bandwidth on this machine.
     #[arg(long)]
     pub calibrate: bool,
+    /// The workers share this many cores of one host: compute and codec costs are multiplied
+    /// by max(1, workers / cores) (for validation on one machine; default: a host each).
+    #[arg(long)]
+    pub host_cores: Option<usize>,
     /// Seed of the model, the batch and the stochastic codecs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -115,6 +133,11 @@ pub struct Inputs {
     pub overlap: f64,
     /// Fusion buffer bytes.
     pub fusion_bytes: usize,
+    /// Cores the workers share (`--host-cores`), if any.
+    pub host_cores: Option<usize>,
+    /// Per codec, the factor the engine measurement applied to its codec costs (already in
+    /// `codecs`).
+    pub engine_factors: Vec<(String, f64)>,
 }
 
 /// The JSON report.
@@ -196,16 +219,63 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     } else {
         None
     };
+    let mut codec_profiles = codec_profiles;
+    let mut engine_factors = Vec::new();
+    if let Some(s) = stack {
+        let specs: Vec<TensorSpec> = tensors
+            .iter()
+            .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
+            .collect();
+        // Two ranks in one process: the copies cost about the stack's per-byte time.
+        let local = Network::new(s.alpha, s.beta, s.gamma)?;
+        for ((_, config), c) in codecs.iter().zip(codec_profiles.iter_mut()) {
+            if c.strategy == Strategy::Dense {
+                continue;
+            }
+            let measured = engine_step_time(config, &specs, &grad, args.seed)?;
+            let scenario = Scenario {
+                workers: 2,
+                network: local,
+                overlap: 0.0,
+                fusion_bytes: args.fusion_bytes,
+            };
+            let no_compute = ModelProfile {
+                compute_s: 0.0,
+                ..profile.clone()
+            };
+            let predicted = step(&no_compute, c, &scenario)?;
+            let factor = if predicted.codec_s > 0.0 {
+                ((measured - predicted.comm_s) / predicted.codec_s).max(1.0)
+            } else {
+                1.0
+            };
+            eprintln!(
+                "calibrated: {} through the engine: {:.1} ms per step at 2 ranks, bare codec \
+                 {:.1} ms + copies {:.1} ms: codec costs x{factor:.2}",
+                c.spec,
+                measured * 1e3,
+                predicted.codec_s * 1e3,
+                predicted.comm_s * 1e3
+            );
+            c.encode_s_per_elem *= factor;
+            c.decode_s_per_elem *= factor;
+            engine_factors.push((c.spec.clone(), factor));
+        }
+    }
     let mut networks = Vec::new();
     for spec in &args.link {
         let cfg: LinkConfig = spec.parse()?;
-        let (alpha_sw, gamma) = stack.map_or((0.0, DEFAULT_GAMMA), |s| (s.alpha, s.gamma));
-        let mut net = Network::from_link(&cfg.default, alpha_sw, gamma)?;
-        if stack.is_some() && cfg.default.bandwidth.bits_per_sec() <= 10_000_000_000 {
-            let beta = measure_link_beta(&cfg)?;
-            net.beta = net.beta.max(beta);
-        }
+        let s = stack.unwrap_or(Stack {
+            alpha: 0.0,
+            beta: 0.0,
+            gamma: DEFAULT_GAMMA,
+        });
+        let mut net = Network::from_link(&cfg.default, s.alpha, s.gamma)?;
+        net.beta += s.beta;
         networks.push((spec.clone(), net));
+    }
+    if args.host_cores == Some(0) {
+        bail!("--host-cores must be at least 1");
     }
     let mut results = Vec::new();
     let mut rows = Vec::new();
@@ -217,8 +287,28 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                 overlap: args.overlap,
                 fusion_bytes: args.fusion_bytes,
             };
+            let share = args
+                .host_cores
+                .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
+            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores).
+            let compute_share = if args.compute_ms.is_some() {
+                1.0
+            } else {
+                share
+            };
+            let shared_model = ModelProfile {
+                compute_s: profile.compute_s * compute_share,
+                ..profile.clone()
+            };
             for c in &codec_profiles {
-                let p = predict(&profile, c, &scenario)?;
+                let shared = CodecProfile {
+                    encode_s_per_elem: c.encode_s_per_elem * share,
+                    decode_s_per_elem: c.decode_s_per_elem * share,
+                    ..c.clone()
+                };
+                let mut p = predict(&shared_model, &shared, &scenario)?;
+                // Against one worker with the machine to itself.
+                p.efficiency = profile.compute_s / p.step.step_s;
                 rows.push((spec.clone(), workers, c.clone(), p));
                 results.push(SimResult {
                     workers,
@@ -242,6 +332,8 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             calibrated: args.calibrate,
             overlap: args.overlap,
             fusion_bytes: args.fusion_bytes,
+            host_cores: args.host_cores,
+            engine_factors,
         },
         provenance: crate::records::Provenance::current(),
     };
@@ -417,17 +509,22 @@ fn payloads_len(c: &mut dyn Codec, grad: &[f32]) -> usize {
     out.len()
 }
 
-/// The stack's per-message cost and the reduction cost, measured here.
+/// The software's per-message and per-byte cost and the reduction cost, measured here.
 #[derive(Debug, Clone, Copy)]
 struct Stack {
     alpha: f64,
+    beta: f64,
     gamma: f64,
 }
 
-/// Ping-pong of 8 bytes between two in-process ranks (one-way time, median of 200), and the
-/// time of f32 adds over 4 Mi elements (seconds per byte).
+/// One-way times of 8 bytes and 4 MiB over a TCP loopback pair (medians), and the time of
+/// f32 adds over 4 Mi elements.
 fn calibrate_stack() -> Result<Stack> {
-    let alpha = one_way(None, 8, 200)?;
+    let big = 4 << 20;
+    let small = one_way(tcp_pair()?, 8, 100)?;
+    let large = one_way(tcp_pair()?, big, 10)?;
+    let alpha = small;
+    let beta = ((large - small) / (big - 8) as f64).max(0.0);
     let n = 4 << 20;
     let (mut acc, x) = (vec![0f32; n], vec![1f32; n]);
     let mut times = Vec::new();
@@ -441,44 +538,80 @@ fn calibrate_stack() -> Result<Stack> {
     }
     let gamma = median(times) / (4 * n) as f64;
     eprintln!(
-        "calibrated: alpha {:.1} us per message (in-process), gamma {:.3} ns per byte",
+        "calibrated (TCP loopback): alpha {:.1} us per message, {:.3} ns per byte of software \
+         copies ({:.2} GB/s), gamma {:.3} ns per byte reduced",
         alpha * 1e6,
+        beta * 1e9,
+        1e-9 / beta.max(1e-15),
         gamma * 1e9
     );
-    Ok(Stack { alpha, gamma })
+    Ok(Stack { alpha, beta, gamma })
 }
 
-/// Seconds per byte through the link emulator: one-way time of a message of about 20 ms on
-/// the wire minus that of 8 bytes, over the size difference.
-fn measure_link_beta(cfg: &LinkConfig) -> Result<f64> {
-    let bps = cfg.default.bandwidth.bits_per_sec() as f64;
-    let big = ((bps / 8.0 * 0.02) as usize).clamp(1 << 10, 64 << 20);
-    let small = one_way(Some(cfg), 8, 20)?;
-    let large = one_way(Some(cfg), big, 3)?;
-    let beta = ((large - small) / (big - 8) as f64).max(0.0);
-    eprintln!(
-        "calibrated: link {}: {:.1} Mbit/s effective ({:.1} configured)",
-        cfg.default.bandwidth,
-        8.0 / beta / 1e6,
-        bps / 1e6
-    );
-    Ok(beta)
-}
-
-/// Median one-way time of a `bytes`-byte message between two in-process ranks (half a
-/// round trip), through the link emulator when `cfg` is given.
-fn one_way(cfg: Option<&LinkConfig>, bytes: usize, iters: usize) -> Result<f64> {
-    let world = Local::world(2);
-    let mut ranks: Vec<Box<dyn Transport>> = match cfg {
-        Some(c) => Throttled::wrap_all(world, c)
-            .into_iter()
-            .map(|t| Box::new(t) as Box<dyn Transport>)
-            .collect(),
-        None => world
-            .into_iter()
-            .map(|t| Box::new(t) as Box<dyn Transport>)
-            .collect(),
+/// Median seconds per step for the engine to average the model's gradient with `codec`, on
+/// two in-process ranks (rank 0's time: submit every tensor, flush, wait for all).
+fn engine_step_time(
+    codec: &CodecConfig,
+    specs: &[TensorSpec],
+    grad: &[f32],
+    seed: u64,
+) -> Result<f64> {
+    let config = EngineConfig {
+        codec: codec.clone(),
+        seed,
+        ..EngineConfig::default()
     };
+    let threads: Vec<_> = Local::world(2)
+        .into_iter()
+        .map(|t| {
+            let (config, specs, grad) = (config.clone(), specs.to_vec(), grad.to_vec());
+            std::thread::spawn(move || -> Result<f64> {
+                let engine = Engine::start(t, config, &specs)?;
+                let mut times = Vec::new();
+                for i in 0..=ENGINE_STEPS {
+                    let t0 = Instant::now();
+                    let mut off = 0;
+                    let handles: Vec<_> = specs
+                        .iter()
+                        .map(|s| {
+                            let n = s.len();
+                            off += n;
+                            engine.all_reduce(&s.name, grad[off - n..off].to_vec())
+                        })
+                        .collect();
+                    engine.flush();
+                    for h in handles {
+                        h.wait()?;
+                    }
+                    if i > 0 {
+                        times.push(t0.elapsed().as_secs_f64());
+                    }
+                }
+                engine.shutdown()?;
+                Ok(median(times))
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in threads {
+        out.push(
+            t.join()
+                .map_err(|_| anyhow::anyhow!("an engine rank panicked"))??,
+        );
+    }
+    Ok(out[0])
+}
+
+/// Two ranks over TCP on 127.0.0.1, in this process.
+fn tcp_pair() -> Result<Vec<Box<dyn Transport>>> {
+    Ok(gradwire_transport::tcp::loopback_world(2)?
+        .into_iter()
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .collect())
+}
+
+/// Median one-way time of a `bytes`-byte message between two ranks (half a round trip).
+fn one_way(mut ranks: Vec<Box<dyn Transport>>, bytes: usize, iters: usize) -> Result<f64> {
     let mut b = ranks.pop().context("rank 1")?;
     let mut a = ranks.pop().context("rank 0")?;
     let echo = std::thread::spawn(move || -> Result<()> {
@@ -508,6 +641,7 @@ fn one_way(cfg: Option<&LinkConfig>, bytes: usize, iters: usize) -> Result<f64> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gradwire_transport::link::Throttled;
 
     #[test]
     fn codec_profiles_measure_bytes_from_real_output() {
@@ -545,10 +679,13 @@ mod tests {
     fn one_way_time_through_the_emulator_follows_the_link() {
         // 100 Mbit/s: 125,000 bytes take 10 ms on the wire; 1 ms latency each way.
         let cfg: LinkConfig = "100mbit,1ms".parse().unwrap();
-        let t = one_way(Some(&cfg), 125_000, 2).unwrap();
+        let world: Vec<Box<dyn Transport>> = Throttled::wrap_all(Local::world(2), &cfg)
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .collect();
+        let t = one_way(world, 125_000, 2).unwrap();
         assert!(t >= 0.011, "{t}");
-        let beta = measure_link_beta(&"1gbit".parse().unwrap()).unwrap();
-        // 8 ns per byte configured; the emulator never beats it.
-        assert!(beta >= 7.9e-9, "{beta}");
+        let s = calibrate_stack().unwrap();
+        assert!(s.alpha > 0.0 && s.gamma > 0.0 && s.beta.is_finite());
     }
 }

@@ -21,7 +21,7 @@ pub mod predict;
 
 pub use gradwire_engine::Strategy;
 pub use network::Network;
-pub use predict::{predict, CodecProfile, ModelProfile, Prediction, Scenario, StepBreakdown};
+pub use predict::{predict, step, CodecProfile, ModelProfile, Prediction, Scenario, StepBreakdown};
 
 /// Why a prediction cannot be made.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
