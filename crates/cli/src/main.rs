@@ -18,6 +18,7 @@ mod ps;
 mod records;
 mod report;
 mod report_render;
+mod simulate;
 mod size;
 mod train;
 mod train_ps;
@@ -65,6 +66,13 @@ enum Command {
     /// The parameter server: `ps serve` runs one shard.
     #[command(subcommand)]
     Ps(ps::PsCommand),
+    /// Predict step time, speedup over dense and scaling efficiency on P workers over a link
+    /// (alpha-beta cost model; compute and codec costs measured here, `--calibrate` for the
+    /// stack).
+    ///
+    /// Example: `gradwire simulate --model mlp:hidden=2048x3 --workers 8,64,1024 --link 10gbit
+    /// --codec dgc:ratio=0.001 --json sim.json`.
+    Simulate(Box<simulate::SimulateArgs>),
 }
 
 fn main() {
@@ -77,6 +85,7 @@ fn main() {
         Command::Report(a) => report::run(&a).map(|()| 0),
         Command::Bench(b) => bench::run(b).map(|()| 0),
         Command::Ps(p) => ps::run(p).map(|()| 0),
+        Command::Simulate(a) => simulate::run(&a).map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -558,3 +558,78 @@ fn declared_hosts_make_the_all_reduce_hierarchical() {
     assert_eq!(v["transport"], "tcp");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gradwire simulate --json`: the results have exactly the documented fields, one entry per
+/// (link, workers, codec), dense has speedup 1, and the inputs and provenance are recorded.
+#[test]
+fn simulate_writes_the_documented_json() {
+    let dir = std::env::temp_dir().join(format!("gradwire-simulate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("sim.json");
+    let mut cmd = gradwire();
+    cmd.args([
+        "simulate",
+        "--model",
+        "mlp:hidden=64x2",
+        "--workers",
+        "2,8",
+        "--link",
+        "1gbit",
+        "--link",
+        "100mbit,1ms",
+        "--codec",
+        "none;topk:ratio=0.01",
+        "--compute-ms",
+        "10",
+        "--json",
+    ])
+    .arg(&json);
+    let out = output_within(cmd, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
+    let _ = std::fs::remove_dir_all(&dir);
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2 * 2 * 2);
+    for r in results {
+        let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "codec",
+                "efficiency",
+                "link",
+                "speedup",
+                "step_s",
+                "workers"
+            ]
+        );
+        let step = r["step_s"].as_f64().unwrap();
+        // At least the 10 ms of compute given.
+        assert!(step >= 0.01, "{r}");
+        if r["codec"] == "none" {
+            assert_eq!(r["speedup"].as_f64().unwrap(), 1.0, "{r}");
+        }
+        let eff = r["efficiency"].as_f64().unwrap();
+        assert!((eff - 0.01 / step).abs() < 1e-9, "{r}");
+    }
+    assert_eq!(results[0]["link"], "1gbit");
+    assert_eq!(results[0]["workers"], 2);
+    assert_eq!(v["inputs"]["model"]["name"], "mlp:hidden=64x2");
+    assert!(v["provenance"]["git_rev"].is_string());
+    // A bad model spec is refused with the reason.
+    let mut bad = gradwire();
+    bad.args(["simulate", "--model", "mlp:hidden=0"]);
+    let out = output_within(bad, Duration::from_secs(30));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("out of range"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

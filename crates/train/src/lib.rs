@@ -34,7 +34,7 @@ mod threads;
 mod trainer;
 
 pub use error::{Error, Result};
-pub use model::{Eval, Model, ModelKind};
+pub use model::{Eval, MlpHidden, Model, ModelKind};
 pub use model::{ParamTensor, TensorRole};
 pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
 pub use sync::{

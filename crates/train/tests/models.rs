@@ -161,3 +161,61 @@ fn tensors_carry_names_shapes_and_roles() {
         "{roles:?}"
     );
 }
+
+/// The wide MLP of `--model mlp:hidden=...`: parameter count by hand, tensor names, shapes
+/// and roles, one training step, and the spec's text round trip.
+#[test]
+fn wide_mlp_sizes_names_and_one_step() {
+    use gradwire_train::TensorRole::*;
+    // 784-2048-2048-2048-10, counted by hand: weights plus biases per layer.
+    let paper: ModelKind = "mlp:hidden=2048x3".parse().unwrap();
+    let n = paper.build(FMNIST, 0).unwrap().num_params();
+    assert_eq!(
+        n,
+        (784 * 2048 + 2048) + 2 * (2048 * 2048 + 2048) + (2048 * 10 + 10)
+    );
+    assert_eq!(n, 10_020_874);
+    assert_eq!("mlp:wide".parse::<ModelKind>().unwrap(), paper);
+    assert_eq!(paper.to_string(), "mlp:hidden=2048x3");
+    assert_eq!(paper.name(), "mlp");
+
+    let kind: ModelKind = "mlp:hidden=40-24x2".parse().unwrap();
+    let mut m = kind.build(FMNIST, 5).unwrap();
+    assert_eq!(m.kind(), kind);
+    let got: Vec<_> = m
+        .tensors()
+        .into_iter()
+        .map(|t| (t.name, t.shape, t.role))
+        .collect();
+    let want = [
+        ("hidden.0.weight", vec![784, 40], LinearWeight),
+        ("hidden.0.bias", vec![40], Bias),
+        ("hidden.1.weight", vec![40, 24], LinearWeight),
+        ("hidden.1.bias", vec![24], Bias),
+        ("hidden.2.weight", vec![24, 24], LinearWeight),
+        ("hidden.2.bias", vec![24], Bias),
+        ("out.weight", vec![24, 10], Output),
+        ("out.bias", vec![10], Output),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((g.0.as_str(), &g.1, g.2), (w.0, &w.1, w.2));
+    }
+    let mut grads = Vec::new();
+    let loss = m
+        .forward_backward(&image_batch(4, [1, 28, 28], 10, 1), &mut grads)
+        .unwrap();
+    assert!(loss.is_finite() && loss > 0.0);
+    assert_eq!(grads.len(), m.num_params());
+    assert!(grads.iter().any(|&g| g != 0.0));
+    assert!(m
+        .forward_backward(&text_batch(2, 4, 30, 1), &mut grads)
+        .is_err());
+    // Same seed, same parameters.
+    let (mut a, mut b) = (vec![], vec![]);
+    kind.build(FMNIST, 9).unwrap().params(&mut a);
+    kind.build(FMNIST, 9).unwrap().params(&mut b);
+    assert_eq!(a, b);
+    // Not for text data.
+    assert!(kind.build(DataShape::Text { vocab: 5 }, 0).is_err());
+}

@@ -62,3 +62,58 @@ impl Net for Mlp {
         ]
     }
 }
+
+/// An MLP with any hidden widths: `inputs -> h1 -> ReLU -> ... -> hk -> ReLU -> classes`
+/// (`mlp:hidden=2048x3`: the wide fully-connected networks of Seide et al. 2014 and Strom
+/// 2015, where the gradient is large next to the compute). Tensors are `hidden.I.weight` /
+/// `hidden.I.bias` for each hidden layer, then `out.weight` / `out.bias` (the output layer).
+#[derive(Module, Debug)]
+pub(crate) struct WideMlp {
+    hidden: Vec<Linear>,
+    out: Linear,
+}
+
+impl WideMlp {
+    /// An MLP for `inputs` features, the given hidden widths and `classes` outputs
+    /// (parameters set later).
+    pub(crate) fn new(inputs: usize, hidden: &[usize], classes: usize, device: &Device) -> Self {
+        let mut layers = Vec::with_capacity(hidden.len());
+        let mut d_in = inputs;
+        for &h in hidden {
+            layers.push(linear(d_in, h, device));
+            d_in = h;
+        }
+        WideMlp {
+            hidden: layers,
+            out: linear(d_in, classes, device),
+        }
+    }
+}
+
+impl Net for WideMlp {
+    fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)> {
+        let Batch::Images(b) = batch else {
+            return Err(mismatch(ModelKind::Mlp, batch));
+        };
+        let n = b.labels.len();
+        let d = b.shape.iter().product::<usize>();
+        let mut x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, d]), device);
+        for layer in &self.hidden {
+            x = relu(layer.forward(x));
+        }
+        let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
+        Ok((self.out.forward(x), int_tensor(&y, [n], device)))
+    }
+
+    fn init_plan(&self) -> Vec<ParamInit> {
+        let fan = |l: &Linear| l.weight.lazy_shape()[0];
+        let mut plan = Vec::with_capacity(2 * self.hidden.len() + 2);
+        for l in &self.hidden {
+            plan.push(ParamInit::he(fan(l)));
+            plan.push(ParamInit::fan_in(fan(l)));
+        }
+        let f = fan(&self.out);
+        plan.extend([ParamInit::fan_in(f), ParamInit::fan_in(f)]);
+        plan
+    }
+}

@@ -164,25 +164,164 @@ pub trait Model: Send {
     fn evaluate(&self, batch: &Batch) -> Result<Eval>;
 }
 
+/// Most hidden layers a `mlp:hidden=...` spec may ask for.
+pub const MAX_HIDDEN_LAYERS: usize = 8;
+/// Widest hidden layer a `mlp:hidden=...` spec may ask for.
+pub const MAX_HIDDEN_WIDTH: usize = 16_384;
+/// Most parameters a model may have when built (1 GiB of `f32`), so a spec cannot ask for
+/// an unbounded allocation.
+pub const MAX_PARAMS: usize = 1 << 28;
+
+/// The hidden widths of a wide MLP (`mlp:hidden=2048x3`): 1 to [`MAX_HIDDEN_LAYERS`] layers
+/// of 1 to [`MAX_HIDDEN_WIDTH`] units. Kept inline (not a `Vec`) so [`ModelKind`] stays `Copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MlpHidden {
+    len: u8,
+    widths: [u32; MAX_HIDDEN_LAYERS],
+}
+
+impl MlpHidden {
+    /// Three hidden layers of 2,048 units: the wide fully-connected networks of the 1-bit SGD
+    /// (Seide et al. 2014) and threshold-quantization (Strom 2015) papers, which used 2,048
+    /// units per layer (7 layers on speech; 3 here keep a Fashion-MNIST step short).
+    pub const PAPER: MlpHidden = MlpHidden {
+        len: 3,
+        widths: [2048, 2048, 2048, 0, 0, 0, 0, 0],
+    };
+
+    /// Hidden widths from a list, checked against the limits.
+    pub fn new(widths: &[usize]) -> Result<MlpHidden> {
+        if widths.is_empty() || widths.len() > MAX_HIDDEN_LAYERS {
+            return Err(Error::Config(format!(
+                "an MLP needs 1 to {MAX_HIDDEN_LAYERS} hidden layers, got {}",
+                widths.len()
+            )));
+        }
+        let mut out = [0u32; MAX_HIDDEN_LAYERS];
+        for (o, &w) in out.iter_mut().zip(widths) {
+            if !(1..=MAX_HIDDEN_WIDTH).contains(&w) {
+                return Err(Error::Config(format!(
+                    "hidden width {w} is out of range (1 to {MAX_HIDDEN_WIDTH})"
+                )));
+            }
+            *o = w as u32;
+        }
+        Ok(MlpHidden {
+            len: widths.len() as u8,
+            widths: out,
+        })
+    }
+
+    /// The widths, input side first.
+    pub fn widths(&self) -> Vec<usize> {
+        self.widths[..usize::from(self.len)]
+            .iter()
+            .map(|&w| w as usize)
+            .collect()
+    }
+
+    /// Parameter count for `inputs` features and `classes` outputs (weights and biases).
+    pub fn num_params(&self, inputs: usize, classes: usize) -> usize {
+        let mut d_in = inputs;
+        let mut n = 0usize;
+        for w in self.widths().into_iter().chain([classes]) {
+            n = n.saturating_add(d_in.saturating_mul(w).saturating_add(w));
+            d_in = w;
+        }
+        n
+    }
+}
+
+impl std::fmt::Display for MlpHidden {
+    /// Runs of equal widths as `WxN`, joined by `-`: `2048x3`, `1024-512`, `512x2-128`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = self.widths();
+        let mut i = 0;
+        while i < w.len() {
+            let run = w[i..].iter().take_while(|&&x| x == w[i]).count();
+            if i > 0 {
+                f.write_str("-")?;
+            }
+            if run > 1 {
+                write!(f, "{}x{run}", w[i])?;
+            } else {
+                write!(f, "{}", w[i])?;
+            }
+            i += run;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for MlpHidden {
+    type Err = Error;
+    /// `WIDTH[xCOUNT]` items joined by `-` or `,`: `2048x3`, `1024-512`, `512,256`.
+    fn from_str(s: &str) -> Result<MlpHidden> {
+        let bad = |why: &str| {
+            Error::Config(format!(
+                "bad hidden sizes {s:?}: {why} (expected e.g. 2048x3, 1024-512 or 512,256)"
+            ))
+        };
+        let mut widths = Vec::new();
+        for item in s.split(['-', ',']) {
+            let item = item.trim();
+            let (w, n) = match item.split_once(['x', 'X', '*']) {
+                Some((w, n)) => (w.trim(), n.trim()),
+                None => (item, "1"),
+            };
+            let w: usize = w
+                .parse()
+                .map_err(|_| bad(&format!("{w:?} is not a width")))?;
+            let n: usize = n
+                .parse()
+                .map_err(|_| bad(&format!("{n:?} is not a layer count")))?;
+            if n == 0 || widths.len() + n > MAX_HIDDEN_LAYERS {
+                return Err(bad(&format!(
+                    "1 to {MAX_HIDDEN_LAYERS} hidden layers in all"
+                )));
+            }
+            widths.extend(std::iter::repeat_n(w, n));
+        }
+        MlpHidden::new(&widths).map_err(|e| bad(&e.to_string()))
+    }
+}
+
 /// The architectures gradwire trains.
+///
+/// Written and read as text (`mlp`, `lenet`, `resnet`, `lstm`, `mlp:hidden=2048x3`), also in
+/// serde.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(into = "String", try_from = "String")]
 pub enum ModelKind {
     /// MLP 784-256-128-10.
     Mlp,
     /// LeNet-5 (ReLU, max pooling).
-    #[serde(rename = "lenet")]
     LeNet,
     /// A ResNet-8 without batch norm (widths 16/32/64).
-    #[serde(rename = "resnet")]
     ResNet8,
     /// Character-level LSTM language model (embedding 64, hidden 256).
-    #[serde(rename = "lstm")]
     CharLstm,
+    /// An MLP with the given hidden widths (`mlp:hidden=2048x3`, or `mlp:wide` for
+    /// [`MlpHidden::PAPER`]); `mlp:hidden=256-128` is plain [`ModelKind::Mlp`].
+    WideMlp(MlpHidden),
+}
+
+impl From<ModelKind> for String {
+    fn from(k: ModelKind) -> String {
+        k.to_string()
+    }
+}
+
+impl TryFrom<String> for ModelKind {
+    type Error = Error;
+    fn try_from(s: String) -> Result<ModelKind> {
+        s.parse()
+    }
 }
 
 impl ModelKind {
-    /// Every kind, in a stable order.
+    /// Every fixed architecture, in a stable order (the parametric [`ModelKind::WideMlp`]
+    /// is left out: its size is the caller's choice).
     pub const ALL: [ModelKind; 4] = [
         ModelKind::Mlp,
         ModelKind::LeNet,
@@ -190,10 +329,11 @@ impl ModelKind {
         ModelKind::CharLstm,
     ];
 
-    /// The name used on the command line.
+    /// The family name used on the command line (`mlp` for every MLP; the full spec with
+    /// hidden sizes is the [`Display`](std::fmt::Display) form).
     pub fn name(self) -> &'static str {
         match self {
-            ModelKind::Mlp => "mlp",
+            ModelKind::Mlp | ModelKind::WideMlp(_) => "mlp",
             ModelKind::LeNet => "lenet",
             ModelKind::ResNet8 => "resnet",
             ModelKind::CharLstm => "lstm",
@@ -226,6 +366,17 @@ impl ModelKind {
                 let net = mlp::Mlp::new(inputs, classes, &device);
                 Box::new(net::BurnModel::new(net, self, device, seed))
             }
+            (ModelKind::WideMlp(hidden), DataShape::Image { shape, classes }) => {
+                let inputs = shape.iter().product();
+                let n = hidden.num_params(inputs, classes);
+                if n > MAX_PARAMS {
+                    return Err(Error::Config(format!(
+                        "model {self} would have {n} parameters (at most {MAX_PARAMS})"
+                    )));
+                }
+                let net = mlp::WideMlp::new(inputs, &hidden.widths(), classes, &device);
+                Box::new(net::BurnModel::new(net, self, device, seed))
+            }
             (ModelKind::LeNet, DataShape::Image { shape, classes }) => {
                 let net = lenet::LeNet::new(shape, classes, &device)?;
                 Box::new(net::BurnModel::new(net, self, device, seed))
@@ -245,21 +396,147 @@ impl ModelKind {
 
 impl std::fmt::Display for ModelKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        match self {
+            ModelKind::WideMlp(h) => write!(f, "mlp:hidden={h}"),
+            k => f.write_str(k.name()),
+        }
     }
 }
 
 impl FromStr for ModelKind {
     type Err = Error;
+    /// `mlp`, `lenet`, `resnet`, `lstm`, or an MLP with options: `mlp:hidden=2048x3`
+    /// (widths as [`MlpHidden`] reads them) or `mlp:wide` ([`MlpHidden::PAPER`]).
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
+        let lower = s.trim().to_ascii_lowercase();
+        if let Some((family, opts)) = lower.split_once(':') {
+            if family.trim() != "mlp" {
+                return Err(Error::Config(format!(
+                    "model {s:?}: only mlp takes options (mlp:hidden=2048x3 or mlp:wide)"
+                )));
+            }
+            let hidden = match opts.trim().split_once('=') {
+                None if opts.trim() == "wide" => MlpHidden::PAPER,
+                Some((key, value)) if key.trim() == "hidden" => value.parse()?,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "model {s:?}: unknown mlp option {opts:?} (expected hidden=WIDTHS, \
+                         e.g. mlp:hidden=2048x3, or wide)"
+                    )))
+                }
+            };
+            return Ok(if hidden.widths() == [256, 128] {
+                ModelKind::Mlp
+            } else {
+                ModelKind::WideMlp(hidden)
+            });
+        }
+        match lower.as_str() {
             "mlp" => Ok(ModelKind::Mlp),
             "lenet" | "lenet5" | "lenet-5" => Ok(ModelKind::LeNet),
             "resnet" | "resnet8" | "resnet-8" => Ok(ModelKind::ResNet8),
             "lstm" | "char-lstm" | "charlstm" => Ok(ModelKind::CharLstm),
             _ => Err(Error::Config(format!(
-                "unknown model {s:?} (expected mlp|lenet|resnet|lstm)"
+                "unknown model {s:?} (expected mlp|lenet|resnet|lstm|mlp:hidden=2048x3)"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(s: &str) -> String {
+        s.parse::<ModelKind>().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn mlp_specs_parse() {
+        let hidden = |s: &str| match s.parse::<ModelKind>().unwrap() {
+            ModelKind::WideMlp(h) => h.widths(),
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(hidden("mlp:hidden=2048x3"), [2048, 2048, 2048]);
+        assert_eq!(hidden("MLP:Hidden=1024-512"), [1024, 512]);
+        assert_eq!(hidden("mlp:hidden=512,256"), [512, 256]);
+        assert_eq!(hidden("mlp:hidden=512x2-128"), [512, 512, 128]);
+        assert_eq!(hidden("mlp:hidden=64"), [64]);
+        assert_eq!(hidden("mlp:wide"), [2048, 2048, 2048]);
+        // The default widths are the plain MLP.
+        assert_eq!(
+            "mlp:hidden=256-128".parse::<ModelKind>().unwrap(),
+            ModelKind::Mlp
+        );
+        assert_eq!("mlp".parse::<ModelKind>().unwrap(), ModelKind::Mlp);
+    }
+
+    #[test]
+    fn mlp_specs_print_and_round_trip() {
+        for (s, printed) in [
+            ("mlp:hidden=2048x3", "mlp:hidden=2048x3"),
+            ("mlp:hidden=512,512,128", "mlp:hidden=512x2-128"),
+            ("mlp:hidden=1024-512", "mlp:hidden=1024-512"),
+            ("mlp:hidden=7", "mlp:hidden=7"),
+        ] {
+            let k: ModelKind = s.parse().unwrap();
+            assert_eq!(k.to_string(), printed);
+            assert_eq!(printed.parse::<ModelKind>().unwrap(), k);
+            // serde writes the same text.
+            let json = serde_json::to_string(&k).unwrap();
+            assert_eq!(json, format!("\"{printed}\""));
+            assert_eq!(serde_json::from_str::<ModelKind>(&json).unwrap(), k);
+        }
+        for k in ModelKind::ALL {
+            let json = serde_json::to_string(&k).unwrap();
+            assert_eq!(json, format!("\"{}\"", k.name()));
+        }
+    }
+
+    #[test]
+    fn bad_mlp_specs_say_why() {
+        assert!(
+            err("mlp:hidden=").contains("not a width"),
+            "{}",
+            err("mlp:hidden=")
+        );
+        assert!(err("mlp:hidden=abc").contains("\"abc\" is not a width"));
+        assert!(err("mlp:hidden=512xq").contains("not a layer count"));
+        assert!(err("mlp:hidden=0").contains("out of range"));
+        assert!(err("mlp:hidden=99999").contains("out of range"));
+        assert!(err("mlp:hidden=64x0").contains("hidden layers"));
+        assert!(err("mlp:hidden=64x9").contains("hidden layers"));
+        assert!(err("mlp:hidden=64x4-64x5").contains("hidden layers"));
+        assert!(err("mlp:depth=3").contains("unknown mlp option"));
+        assert!(err("lenet:hidden=3").contains("only mlp takes options"));
+        assert!(err("vgg").contains("unknown model"));
+        // Every error names the spec it refused.
+        assert!(err("mlp:hidden=1-x").contains("1-x"));
+    }
+
+    #[test]
+    fn hidden_param_count_matches_hand_count() {
+        let h = MlpHidden::new(&[100, 50]).unwrap();
+        assert_eq!(
+            h.num_params(784, 10),
+            784 * 100 + 100 + 100 * 50 + 50 + 50 * 10 + 10
+        );
+        assert!(MlpHidden::new(&[]).is_err());
+        assert!(MlpHidden::new(&[1; MAX_HIDDEN_LAYERS + 1]).is_err());
+    }
+
+    #[test]
+    fn too_big_a_model_is_refused_before_allocating() {
+        let k: ModelKind = "mlp:hidden=16384x8".parse().unwrap();
+        let shape = crate::data::DataShape::Image {
+            shape: [1, 28, 28],
+            classes: 10,
+        };
+        let e = k
+            .build(shape, 0)
+            .err()
+            .expect("over MAX_PARAMS")
+            .to_string();
+        assert!(e.contains("parameters"), "{e}");
     }
 }

@@ -1,0 +1,693 @@
+//! `gradwire simulate`: predicted step time, speedup over dense and scaling efficiency of a
+//! model with a codec on P workers over a link, from the cost model of `gradwire-sim`.
+//!
+//! What is measured on this machine, every run (a few seconds):
+//! * the model's compute per step: one warm-up and [`COMPUTE_STEPS`] forward-backward passes
+//!   on a synthetic batch of `--batch` images, plus an SGD-with-momentum update over all
+//!   parameters (skipped with `--compute-ms`);
+//! * each codec's wire bytes, encode and decode cost on that model's real gradient, one codec
+//!   per tensor as the engine builds them (sparse codecs: the pairs the sparse all-reduce
+//!   sends, 8 bytes each). DGC is measured past its warm-up.
+//!
+//! With `--calibrate` also the stack (about a second): over a TCP loopback pair (the transport
+//! `gradwire train` uses between processes), the per-message software cost (one-way time of 8
+//! bytes, added to each link's latency in `alpha`) and the per-byte software cost (one-way
+//! time of 4 MiB minus that, added to each link's wire time in `beta`: the copies and the wire
+//! do not overlap), and the reduction cost `gamma` (f32 adds). Without it `alpha` is the
+//! link's latency, `beta` its wire time and `gamma` [`DEFAULT_GAMMA`].
+//!
+//! `--calibrate` also runs each codec through the engine itself (two in-process ranks, no
+//! link emulation, [`ENGINE_STEPS`] steps of the model's gradient): the engine spends more
+//! than the bare encode and decode (error feedback, stripe and factor planning, PowerSGD's
+//! orthogonalization and decompression, the progress thread), so the codec costs are scaled
+//! by the measured sync time over the predicted one at two ranks (never below 1).
+//!
+//! `--host-cores N` models the P workers sharing N cores of one host (validation on this
+//! machine): compute and codec costs, measured with the whole machine, are multiplied by
+//! `max(1, P / N)` (a `--compute-ms` is taken as given). Efficiency stays relative to one
+//! worker with the machine to itself.
+//!
+//! JSON (`--json FILE`): `{"results":[{"workers":64,"link":"10gbit","codec":"dgc:ratio=0.001",
+//! "step_s":0.21,"speedup":2.4,"efficiency":0.83}],"inputs":{...},"provenance":{...}}`;
+//! `inputs` holds every number the prediction used (model, codecs, networks).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use gradwire_codec::{BuildContext, Codec, CodecConfig, Progress, SparseGrad, TensorInfo};
+use gradwire_engine::{Engine, EngineConfig, Strategy, TensorSpec};
+use gradwire_sim::{predict, step, CodecProfile, ModelProfile, Network, Scenario};
+use gradwire_train::data::{Batch, DataShape, DatasetKind, ImageBatch};
+use gradwire_train::{Model, ModelKind};
+use gradwire_transport::link::LinkConfig;
+use gradwire_transport::local::Local;
+use gradwire_transport::Transport;
+use serde::Serialize;
+
+/// Forward-backward passes timed for the compute per step (after one warm-up).
+pub const COMPUTE_STEPS: usize = 3;
+/// Engine steps timed per codec by `--calibrate` (after one warm-up).
+pub const ENGINE_STEPS: usize = 3;
+/// Seconds per byte reduced when not calibrated (10 GB/s of f32 adds).
+pub const DEFAULT_GAMMA: f64 = 0.1e-9;
+
+/// Arguments of `gradwire simulate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Model spec: mlp, lenet, resnet, or a wide MLP such as mlp:hidden=2048x3.
+    #[arg(long, default_value = "mlp:hidden=2048x3")]
+    pub model: ModelKind,
+    /// Data set whose image shape the model takes: fashion-mnist, mnist, cifar10.
+    #[arg(long, default_value = "fashion-mnist")]
+    pub dataset: DatasetKind,
+    /// Worker counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,1024")]
+    pub workers: Vec<usize>,
+    /// Link spec (`10gbit`, `1gbit,50us`, see `gradwire train --help`); repeat for several.
+    #[arg(long, value_parser = crate::bench_allreduce::link_arg, default_value = "10gbit")]
+    pub link: Vec<String>,
+    /// Codec specs, separated by `;` or `,` (as `bench codecs --codecs`); `none` is dense.
+    #[arg(long, default_value = "dgc:ratio=0.001")]
+    pub codec: String,
+    /// Batch size per worker for the compute measurement.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Compute per step in milliseconds, instead of measuring it.
+    #[arg(long)]
+    pub compute_ms: Option<f64>,
+    /// Fraction of the communication hidden behind compute, 0 to 1 (this engine receives
+    /// the gradient after the whole backward pass: 0).
+    #[arg(long, default_value_t = 0.0)]
+    pub overlap: f64,
+    /// The engine's fusion buffer in bytes.
+    #[arg(long, default_value_t = EngineConfig::default().fusion_bytes)]
+    pub fusion_bytes: usize,
+    /// Measure the stack's per-message cost, the reduction cost and the emulated links'
+    /// bandwidth on this machine.
+    #[arg(long)]
+    pub calibrate: bool,
+    /// The workers share this many cores of one host: compute and codec costs are multiplied
+    /// by max(1, workers / cores) (for validation on one machine; default: a host each).
+    #[arg(long)]
+    pub host_cores: Option<usize>,
+    /// Seed of the model, the batch and the stochastic codecs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One prediction, as the JSON's `results` entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimResult {
+    /// Number of workers.
+    pub workers: usize,
+    /// The link spec as given.
+    pub link: String,
+    /// The codec spec as given.
+    pub codec: String,
+    /// Predicted seconds per step.
+    pub step_s: f64,
+    /// Dense step time over this codec's.
+    pub speedup: f64,
+    /// One worker's compute-only step over this step (weak scaling).
+    pub efficiency: f64,
+}
+
+/// Every number the predictions used.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inputs {
+    /// The model, its tensors and its compute per step.
+    pub model: ModelProfile,
+    /// Whether the compute was measured here (false: `--compute-ms`).
+    pub compute_measured: bool,
+    /// Per codec: strategy, costs and wire bytes per element.
+    pub codecs: Vec<CodecProfile>,
+    /// Per link: the spec and its alpha, beta, gamma.
+    pub networks: Vec<(String, Network)>,
+    /// Whether the stack was calibrated (`--calibrate`).
+    pub calibrated: bool,
+    /// Overlap fraction.
+    pub overlap: f64,
+    /// Fusion buffer bytes.
+    pub fusion_bytes: usize,
+    /// Cores the workers share (`--host-cores`), if any.
+    pub host_cores: Option<usize>,
+    /// Per codec, the factor the engine measurement applied to its codec costs (already in
+    /// `codecs`).
+    pub engine_factors: Vec<(String, f64)>,
+}
+
+/// The JSON report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    /// One entry per (link, workers, codec).
+    pub results: Vec<SimResult>,
+    /// What the predictions used.
+    pub inputs: Inputs,
+    /// The version, revision and command that made the report.
+    pub provenance: crate::records::Provenance,
+}
+
+/// Runs `gradwire simulate`.
+pub fn run(args: &SimulateArgs) -> Result<()> {
+    if args.workers.is_empty() || args.workers.contains(&0) {
+        bail!("--workers needs worker counts of at least 1");
+    }
+    if !(0.0..=1.0).contains(&args.overlap) {
+        bail!("--overlap must be between 0 and 1, got {}", args.overlap);
+    }
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let codecs: Vec<(String, CodecConfig)> = crate::bench_codecs::split_specs(&args.codec)
+        .into_iter()
+        .map(|s| {
+            let c = s.parse().with_context(|| format!("codec {s:?}"))?;
+            Ok((s, c))
+        })
+        .collect::<Result<_>>()?;
+    if codecs.is_empty() {
+        bail!("--codec needs at least one codec spec");
+    }
+    let shape = match args.dataset {
+        DatasetKind::FashionMnist | DatasetKind::Mnist => [1, 28, 28],
+        DatasetKind::Cifar10 => [3, 32, 32],
+        other => bail!(
+            "simulate takes image models; {} is a text data set",
+            other.name()
+        ),
+    };
+    let data = DataShape::Image { shape, classes: 10 };
+    let mut model = args
+        .model
+        .build(data, args.seed)
+        .with_context(|| format!("building {}", args.model))?;
+    eprintln!(
+        "gradwire simulate: {} ({} parameters), measuring on this machine...",
+        args.model,
+        model.num_params()
+    );
+    let batch = synthetic_batch(args.batch, shape, args.seed);
+    let (grad, measured_compute) = measure_compute(model.as_mut(), &batch)?;
+    let compute_s = match args.compute_ms {
+        Some(ms) if ms.is_finite() && ms >= 0.0 => ms / 1e3,
+        Some(ms) => bail!("--compute-ms must be a non-negative number, got {ms}"),
+        None => measured_compute,
+    };
+    let tensors = model.tensors();
+    let profile = ModelProfile {
+        name: args.model.to_string(),
+        tensors: tensors.iter().map(|t| t.len()).collect(),
+        compute_s,
+    };
+    let infos: Vec<TensorInfo> = tensors
+        .iter()
+        .map(|t| TensorInfo::new(t.shape.clone(), t.role))
+        .collect();
+    let codec_profiles: Vec<CodecProfile> = codecs
+        .iter()
+        .map(|(spec, c)| CodecProfile {
+            spec: spec.clone(),
+            ..measure_codec(c, &infos, &grad, args.seed)
+        })
+        .collect();
+    let stack = if args.calibrate {
+        Some(calibrate_stack()?)
+    } else {
+        None
+    };
+    let mut codec_profiles = codec_profiles;
+    let mut engine_factors = Vec::new();
+    if let Some(s) = stack {
+        let specs: Vec<TensorSpec> = tensors
+            .iter()
+            .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
+            .collect();
+        // Two ranks in one process: the copies cost about the stack's per-byte time.
+        let local = Network::new(s.alpha, s.beta, s.gamma)?;
+        for ((_, config), c) in codecs.iter().zip(codec_profiles.iter_mut()) {
+            if c.strategy == Strategy::Dense {
+                continue;
+            }
+            let measured = engine_step_time(config, &specs, &grad, args.seed)?;
+            let scenario = Scenario {
+                workers: 2,
+                network: local,
+                overlap: 0.0,
+                fusion_bytes: args.fusion_bytes,
+            };
+            let no_compute = ModelProfile {
+                compute_s: 0.0,
+                ..profile.clone()
+            };
+            let predicted = step(&no_compute, c, &scenario)?;
+            let factor = if predicted.codec_s > 0.0 {
+                ((measured - predicted.comm_s) / predicted.codec_s).max(1.0)
+            } else {
+                1.0
+            };
+            eprintln!(
+                "calibrated: {} through the engine: {:.1} ms per step at 2 ranks, bare codec \
+                 {:.1} ms + copies {:.1} ms: codec costs x{factor:.2}",
+                c.spec,
+                measured * 1e3,
+                predicted.codec_s * 1e3,
+                predicted.comm_s * 1e3
+            );
+            c.encode_s_per_elem *= factor;
+            c.decode_s_per_elem *= factor;
+            engine_factors.push((c.spec.clone(), factor));
+        }
+    }
+    let mut networks = Vec::new();
+    for spec in &args.link {
+        let cfg: LinkConfig = spec.parse()?;
+        let s = stack.unwrap_or(Stack {
+            alpha: 0.0,
+            beta: 0.0,
+            gamma: DEFAULT_GAMMA,
+        });
+        let mut net = Network::from_link(&cfg.default, s.alpha, s.gamma)?;
+        net.beta += s.beta;
+        networks.push((spec.clone(), net));
+    }
+    if args.host_cores == Some(0) {
+        bail!("--host-cores must be at least 1");
+    }
+    let mut results = Vec::new();
+    let mut rows = Vec::new();
+    for (spec, net) in &networks {
+        for &workers in &args.workers {
+            let scenario = Scenario {
+                workers,
+                network: *net,
+                overlap: args.overlap,
+                fusion_bytes: args.fusion_bytes,
+            };
+            let share = args
+                .host_cores
+                .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
+            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores).
+            let compute_share = if args.compute_ms.is_some() {
+                1.0
+            } else {
+                share
+            };
+            let shared_model = ModelProfile {
+                compute_s: profile.compute_s * compute_share,
+                ..profile.clone()
+            };
+            for c in &codec_profiles {
+                let shared = CodecProfile {
+                    encode_s_per_elem: c.encode_s_per_elem * share,
+                    decode_s_per_elem: c.decode_s_per_elem * share,
+                    ..c.clone()
+                };
+                let mut p = predict(&shared_model, &shared, &scenario)?;
+                // Against one worker with the machine to itself.
+                p.efficiency = profile.compute_s / p.step.step_s;
+                rows.push((spec.clone(), workers, c.clone(), p));
+                results.push(SimResult {
+                    workers,
+                    link: spec.clone(),
+                    codec: c.spec.clone(),
+                    step_s: p.step.step_s,
+                    speedup: p.speedup,
+                    efficiency: p.efficiency,
+                });
+            }
+        }
+    }
+    print_table(&profile, &rows, args.compute_ms.is_none());
+    let report = SimReport {
+        results,
+        inputs: Inputs {
+            model: profile,
+            compute_measured: args.compute_ms.is_none(),
+            codecs: codec_profiles,
+            networks,
+            calibrated: args.calibrate,
+            overlap: args.overlap,
+            fusion_bytes: args.fusion_bytes,
+            host_cores: args.host_cores,
+            engine_factors,
+        },
+        provenance: crate::records::Provenance::current(),
+    };
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn print_table(
+    model: &ModelProfile,
+    rows: &[(String, usize, CodecProfile, gradwire_sim::Prediction)],
+    measured: bool,
+) {
+    println!(
+        "# {}: {} elements, compute {:.1} ms/step ({})",
+        model.name,
+        model.elements(),
+        model.compute_s * 1e3,
+        if measured {
+            "measured here"
+        } else {
+            "--compute-ms"
+        }
+    );
+    println!(
+        "{:<14} {:>7} {:<24} {:<9} {:>10} {:>10} {:>10} {:>8} {:>8}",
+        "link", "workers", "codec", "strategy", "step_ms", "codec_ms", "comm_ms", "speedup", "eff"
+    );
+    for (link, workers, c, p) in rows {
+        println!(
+            "{:<14} {:>7} {:<24} {:<9} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>8.3}",
+            link,
+            workers,
+            c.spec,
+            c.strategy.to_string(),
+            p.step.step_s * 1e3,
+            p.step.codec_s * 1e3,
+            p.step.comm_s * 1e3,
+            p.speedup,
+            p.efficiency
+        );
+    }
+}
+
+/// A deterministic batch of `n` images of `shape` with 10 classes.
+fn synthetic_batch(n: usize, shape: [usize; 3], seed: u64) -> Batch {
+    let px = shape.iter().product::<usize>() * n;
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    Batch::Images(ImageBatch {
+        pixels: (0..px)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect(),
+        labels: (0..n).map(|_| (next() % 10) as u8).collect(),
+        shape,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The gradient of one step and the median compute time per step (forward, backward, and an
+/// SGD-with-momentum update over every parameter).
+fn measure_compute(model: &mut dyn Model, batch: &Batch) -> Result<(Vec<f32>, f64)> {
+    let mut grad = Vec::new();
+    model.forward_backward(batch, &mut grad)?;
+    let mut times = Vec::new();
+    for _ in 0..COMPUTE_STEPS {
+        let t = Instant::now();
+        model.forward_backward(batch, &mut grad)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let n = grad.len();
+    let (mut params, mut velocity) = (vec![0f32; n], vec![0f32; n]);
+    let t = Instant::now();
+    for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
+        *v = 0.9 * *v + g;
+        *p -= 0.05 * *v;
+    }
+    std::hint::black_box(&params);
+    let update = t.elapsed().as_secs_f64();
+    Ok((grad, median(times) + update))
+}
+
+/// One codec per tensor (as the engine builds them), run on the model's gradient: wire bytes
+/// per element, encode and decode seconds per element (median of 3).
+fn measure_codec(
+    config: &CodecConfig,
+    infos: &[TensorInfo],
+    grad: &[f32],
+    seed: u64,
+) -> CodecProfile {
+    let strategy = Strategy::Auto.resolve(config);
+    if strategy == Strategy::Dense {
+        return CodecProfile {
+            spec: config.to_string(),
+            ..CodecProfile::dense()
+        };
+    }
+    let mut codecs: Vec<Box<dyn Codec>> = infos
+        .iter()
+        .map(|info| {
+            let mut c = config.build(&BuildContext::single(seed).with_tensors(vec![info.clone()]));
+            // Past any warm-up (DGC's sparsity schedule): the steady state.
+            c.set_progress(Progress {
+                step: 1_000_000,
+                epoch: 1_000.0,
+            });
+            c
+        })
+        .collect();
+    let mut payloads: Vec<Vec<u8>> = vec![Vec::new(); infos.len()];
+    let mut sparse = SparseGrad::default();
+    let (mut enc, mut dec) = (Vec::new(), Vec::new());
+    let mut wire = 0usize;
+    let mut acc = vec![0f32; grad.len()];
+    for _ in 0..3 {
+        let mut off = 0;
+        let t = Instant::now();
+        for ((c, info), out) in codecs.iter_mut().zip(infos).zip(&mut payloads) {
+            let n = info.numel();
+            c.encode(&grad[off..off + n], out);
+            off += n;
+        }
+        enc.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let mut off = 0;
+        for ((c, info), out) in codecs.iter().zip(infos).zip(&payloads) {
+            let n = info.numel();
+            // A payload this process just encoded decodes; an error would be a codec bug,
+            // and then the timing is simply shorter.
+            let _ = c.decode_add(out, &mut acc[off..off + n]);
+            off += n;
+        }
+        dec.push(t.elapsed().as_secs_f64());
+    }
+    if strategy == Strategy::Sparse {
+        let mut off = 0;
+        for (c, info) in codecs.iter_mut().zip(infos) {
+            let n = info.numel();
+            wire += if c.encode_sparse(&grad[off..off + n], &mut sparse) {
+                8 * sparse.indices.len()
+            } else {
+                payloads_len(c.as_mut(), &grad[off..off + n])
+            };
+            off += n;
+        }
+    } else {
+        wire = payloads.iter().map(Vec::len).sum();
+    }
+    let n = grad.len().max(1) as f64;
+    CodecProfile {
+        spec: config.to_string(),
+        strategy,
+        encode_s_per_elem: median(enc) / n,
+        decode_s_per_elem: median(dec) / n,
+        wire_bytes_per_elem: wire as f64 / n,
+    }
+}
+
+fn payloads_len(c: &mut dyn Codec, grad: &[f32]) -> usize {
+    let mut out = Vec::new();
+    c.encode(grad, &mut out);
+    out.len()
+}
+
+/// The software's per-message and per-byte cost and the reduction cost, measured here.
+#[derive(Debug, Clone, Copy)]
+struct Stack {
+    alpha: f64,
+    beta: f64,
+    gamma: f64,
+}
+
+/// One-way times of 8 bytes and 4 MiB over a TCP loopback pair (medians), and the time of
+/// f32 adds over 4 Mi elements.
+fn calibrate_stack() -> Result<Stack> {
+    let big = 4 << 20;
+    let small = one_way(tcp_pair()?, 8, 100)?;
+    let large = one_way(tcp_pair()?, big, 10)?;
+    let alpha = small;
+    let beta = ((large - small) / (big - 8) as f64).max(0.0);
+    let n = 4 << 20;
+    let (mut acc, x) = (vec![0f32; n], vec![1f32; n]);
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for (a, b) in acc.iter_mut().zip(&x) {
+            *a += b;
+        }
+        std::hint::black_box(&acc);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let gamma = median(times) / (4 * n) as f64;
+    eprintln!(
+        "calibrated (TCP loopback): alpha {:.1} us per message, {:.3} ns per byte of software \
+         copies ({:.2} GB/s), gamma {:.3} ns per byte reduced",
+        alpha * 1e6,
+        beta * 1e9,
+        1e-9 / beta.max(1e-15),
+        gamma * 1e9
+    );
+    Ok(Stack { alpha, beta, gamma })
+}
+
+/// Median seconds per step for the engine to average the model's gradient with `codec`, on
+/// two in-process ranks (rank 0's time: submit every tensor, flush, wait for all).
+fn engine_step_time(
+    codec: &CodecConfig,
+    specs: &[TensorSpec],
+    grad: &[f32],
+    seed: u64,
+) -> Result<f64> {
+    let config = EngineConfig {
+        codec: codec.clone(),
+        seed,
+        ..EngineConfig::default()
+    };
+    let threads: Vec<_> = Local::world(2)
+        .into_iter()
+        .map(|t| {
+            let (config, specs, grad) = (config.clone(), specs.to_vec(), grad.to_vec());
+            std::thread::spawn(move || -> Result<f64> {
+                let engine = Engine::start(t, config, &specs)?;
+                // Past any warm-up (DGC's sparsity schedule), as measure_codec.
+                engine.set_progress(1_000_000, 1_000.0);
+                let mut times = Vec::new();
+                for i in 0..=ENGINE_STEPS {
+                    let t0 = Instant::now();
+                    let mut off = 0;
+                    let handles: Vec<_> = specs
+                        .iter()
+                        .map(|s| {
+                            let n = s.len();
+                            off += n;
+                            engine.all_reduce(&s.name, grad[off - n..off].to_vec())
+                        })
+                        .collect();
+                    engine.flush();
+                    for h in handles {
+                        h.wait()?;
+                    }
+                    if i > 0 {
+                        times.push(t0.elapsed().as_secs_f64());
+                    }
+                }
+                engine.shutdown()?;
+                Ok(median(times))
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in threads {
+        out.push(
+            t.join()
+                .map_err(|_| anyhow::anyhow!("an engine rank panicked"))??,
+        );
+    }
+    Ok(out[0])
+}
+
+/// Two ranks over TCP on 127.0.0.1, in this process.
+fn tcp_pair() -> Result<Vec<Box<dyn Transport>>> {
+    Ok(gradwire_transport::tcp::loopback_world(2)?
+        .into_iter()
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .collect())
+}
+
+/// Median one-way time of a `bytes`-byte message between two ranks (half a round trip).
+fn one_way(mut ranks: Vec<Box<dyn Transport>>, bytes: usize, iters: usize) -> Result<f64> {
+    let mut b = ranks.pop().context("rank 1")?;
+    let mut a = ranks.pop().context("rank 0")?;
+    let echo = std::thread::spawn(move || -> Result<()> {
+        let mut buf = Vec::new();
+        for _ in 0..=iters {
+            b.recv(0, &mut buf)?;
+            b.send(0, &buf)?;
+        }
+        Ok(())
+    });
+    let msg = vec![7u8; bytes];
+    let mut buf = Vec::new();
+    let mut times = Vec::new();
+    for i in 0..=iters {
+        let t = Instant::now();
+        a.send(1, &msg)?;
+        a.recv(1, &mut buf)?;
+        if i > 0 {
+            times.push(t.elapsed().as_secs_f64() / 2.0);
+        }
+    }
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("the echo rank panicked"))??;
+    Ok(median(times))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gradwire_transport::link::Throttled;
+
+    #[test]
+    fn codec_profiles_measure_bytes_from_real_output() {
+        // One 1000 x 100 linear weight and a 100-element bias.
+        let infos = vec![
+            TensorInfo::new(vec![1000, 100], gradwire_codec::TensorRole::LinearWeight),
+            TensorInfo::new(vec![100], gradwire_codec::TensorRole::Bias),
+        ];
+        let grad: Vec<f32> = (0..100_100)
+            .map(|i| ((i * 7919) % 1000) as f32 - 500.0)
+            .collect();
+        let dense = measure_codec(&"none".parse().unwrap(), &infos, &grad, 1);
+        assert_eq!(dense.strategy, Strategy::Dense);
+        assert_eq!(dense.wire_bytes_per_elem, 4.0);
+        // fp16: 2 bytes per element plus a small header per tensor.
+        let fp16 = measure_codec(&"fp16".parse().unwrap(), &infos, &grad, 1);
+        assert_eq!(fp16.strategy, Strategy::Stripe);
+        assert!(
+            (2.0..2.01).contains(&fp16.wire_bytes_per_elem),
+            "{}",
+            fp16.wire_bytes_per_elem
+        );
+        // top-k 1%: 8 bytes per pair the sparse all-reduce sends, about 1% of the elements.
+        let topk = measure_codec(&"topk:ratio=0.01".parse().unwrap(), &infos, &grad, 1);
+        assert_eq!(topk.strategy, Strategy::Sparse);
+        assert!(
+            (0.07..0.09).contains(&topk.wire_bytes_per_elem),
+            "{}",
+            topk.wire_bytes_per_elem
+        );
+        assert!(topk.encode_s_per_elem > 0.0);
+    }
+
+    #[test]
+    fn one_way_time_through_the_emulator_follows_the_link() {
+        // 100 Mbit/s: 125,000 bytes take 10 ms on the wire; 1 ms latency each way.
+        let cfg: LinkConfig = "100mbit,1ms".parse().unwrap();
+        let world: Vec<Box<dyn Transport>> = Throttled::wrap_all(Local::world(2), &cfg)
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .collect();
+        let t = one_way(world, 125_000, 2).unwrap();
+        assert!(t >= 0.011, "{t}");
+        let s = calibrate_stack().unwrap();
+        assert!(s.alpha > 0.0 && s.gamma > 0.0 && s.beta.is_finite());
+    }
+}
