@@ -47,7 +47,8 @@ pub struct TrainArgs {
     /// TOML file with any of these settings (flags given on the command line win).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model: mlp, lenet, resnet, lstm [default: lenet].
+    /// Model: mlp, mlp:hidden=2048x3 (hidden widths; mlp:wide is 784-2048x3-10), lenet,
+    /// resnet, lstm [default: lenet].
     #[arg(long)]
     pub model: Option<ModelKind>,
     /// Data set: fashion-mnist, mnist, shakespeare, cifar10 [default: fashion-mnist, or
@@ -559,7 +560,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
     if reporting {
         eprintln!(
             "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), codec {}{}, {} steps/epoch x {} epochs, batch {} per worker",
-            plan.model.name(),
+            plan.model,
             plan.dataset.name(),
             data.train.len(),
             data.test.len(),
@@ -576,7 +577,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
     }
     let mut run = RunRecord {
         codec: plan.codec.to_string(),
-        model: plan.model.name().into(),
+        model: plan.model.to_string(),
         dataset: plan.dataset.name().into(),
         workers: world,
         steps_per_epoch: steps,
