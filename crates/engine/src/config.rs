@@ -362,7 +362,9 @@ pub struct EngineConfig {
     /// bytes (a bigger tensor travels alone); 0 turns fusion off. Default 4 MiB.
     pub fusion_bytes: usize,
     /// Negotiation cadence (default 1 ms): a rank with tensors pending joins a round at least
-    /// this often, one with nothing pending every 10 cycles; after a first submission it waits
+    /// this often; one with nothing pending sleeps until it submits, joining a round only for
+    /// the stall inspector (every quarter of the stall deadline, 10 cycles .. 1 s); after a
+    /// first submission it waits
     /// for the queue to go quiet (an eighth of a cycle, 20..200 µs), a flush, or at most this
     /// long before a round.
     pub cycle_time: Duration,

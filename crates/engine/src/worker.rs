@@ -2,8 +2,11 @@
 //! background loop) until every rank has asked to shut down or the transport fails.
 //!
 //! One cycle:
-//! 1. wait until this rank has new submissions, or `cycle_time` has passed (so idle ranks
-//!    still take part in every round and a busy rank waits at most one cycle for them);
+//! 1. wait until this rank has new submissions, or `cycle_time` has passed with tensors
+//!    pending here; a rank with nothing pending sleeps (no rounds, no CPU) until it submits,
+//!    shuts down, or the rare stall check is due ([`idle_check_period`]): the others need it
+//!    in a round only to see which ranks are missing, since nothing can be ready before it
+//!    submits too;
 //! 2. **negotiate**: one all-gather of each rank's [`Message`](crate::wire): the bit-vector of
 //!    its pending *cached* tensors (the response cache: a tensor seen before is named by its
 //!    id, one bit), submit times of newly set bits, and full descriptors of tensors not yet
@@ -254,6 +257,19 @@ impl Shared {
     }
 }
 
+/// How often a rank with nothing pending joins a round (for the others' stall inspector):
+/// a quarter of the earlier of [`EngineConfig::stall_warning`] and
+/// [`EngineConfig::stall_abort`], at least ten cycles, at most 1 s (also with neither set).
+pub(crate) fn idle_check_period(cfg: &EngineConfig) -> Duration {
+    let cycle = cfg.cycle_time.max(Duration::from_micros(50));
+    let deadline = match (cfg.stall_warning, cfg.stall_abort) {
+        (Some(w), Some(a)) => w.min(a),
+        (Some(d), None) | (None, Some(d)) => d,
+        (None, None) => Duration::MAX,
+    };
+    (deadline / 4).clamp(cycle * 10, Duration::from_secs(1).max(cycle * 10))
+}
+
 /// The speculative batch's size limit: larger batches are bandwidth-bound, where saving a
 /// round does not matter and a failed speculation would waste a real transfer.
 const SPEC_MAX_BYTES: usize = 256 << 10;
@@ -433,13 +449,15 @@ impl Worker {
     }
 
     /// How long without submissions before this rank joins a round anyway: `cycle` with
-    /// tensors pending here (they may become ready any moment), ten cycles otherwise (the
-    /// others only need us for stall inspection and shutdown: a submission of ours starts a
-    /// round at once).
+    /// tensors pending here (they may become ready any moment); with nothing pending here,
+    /// [`idle_check_period`] (a quarter of the stall deadline, within 10 cycles .. 1 s). An
+    /// idle rank is only needed by the others for stall inspection: a tensor is ready only
+    /// once every rank submitted it, and a submission of ours (or a shutdown) starts a round
+    /// at once, so a rank that waits for us in a round loses nothing while we sleep.
     fn idle_period(&self) -> Duration {
         let cycle = self.cfg.cycle_time.max(Duration::from_micros(50));
         if self.pending.is_empty() {
-            cycle * 10
+            idle_check_period(&self.cfg)
         } else {
             cycle
         }
