@@ -73,9 +73,10 @@ fn idle_engines_run_no_rounds_and_burn_no_cpu() {
         );
         assert_eq!(got, &vec![want; 32], "rank {r}");
     }
-    // Four idle engines (four progress threads) over a second: a few wake-ups at most.
+    // Four idle engines over a second: each progress thread looks at its queue every ten
+    // cycles (100 wake-ups, about 1 ms of CPU); the old idle rounds cost 15 ms.
     assert!(
-        cpu < Duration::from_millis(5),
+        cpu < Duration::from_millis(10),
         "four idle engines used {cpu:?} of CPU in {IDLE:?}"
     );
 }
