@@ -121,7 +121,8 @@ pub struct TrainArgs {
     pub eval_limit: Option<usize>,
     /// 1: one-step-stale double buffering (CNTK's 1-bit SGD): step t's gradient is averaged
     /// while step t+1's forward/backward runs, and applied one step late — a deviation from
-    /// synchronous SGD. 0 (default): synchronous.
+    /// synchronous SGD, which needs a smaller learning rate with momentum (LeNet: lr 0.02 at
+    /// momentum 0.9). 0 (default): synchronous.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub overlap_steps: Option<u8>,
     /// Characters per training sequence (language models) [default: 64].
