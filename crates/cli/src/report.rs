@@ -46,6 +46,11 @@ pub struct ReportArgs {
     /// an interrupted matrix, or to redo one codec after deleting its directory).
     #[arg(long)]
     resume: bool,
+    /// Record each run's timeline (`<run>/timeline.json`, every rank's spans merged) and
+    /// draw one step of it (`<run>/timeline.png`), shown in report.md. A run directory that
+    /// already has a `timeline.json` (e.g. kept with `--resume`) gets its drawing too.
+    #[arg(long)]
+    timeline: bool,
     /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
     #[arg(last = true)]
     train_args: Vec<String>,
@@ -72,6 +77,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let exe = std::env::current_exe().context("locating the gradwire binary")?;
     let mut runs = Vec::new();
+    let mut dirs = Vec::new();
     for (i, name) in codecs.iter().enumerate() {
         let spec = preset(name);
         let spec_parsed: gradwire_codec::CodecConfig =
@@ -86,6 +92,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
                     dir.display()
                 );
                 runs.push(run);
+                dirs.push(dir);
                 continue;
             }
         }
@@ -103,6 +110,9 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             .arg("--out")
             .arg(&dir)
             .args(&args.train_args);
+        if args.timeline {
+            cmd.arg("--timeline").arg(dir.join(TIMELINE_JSON));
+        }
         if let Some(d) = &args.dataset {
             cmd.args(["--dataset", d]);
         }
@@ -117,6 +127,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
                 .with_context(|| format!("reading {}/run.json", dir.display()))?,
         )?;
         runs.push(run);
+        dirs.push(dir);
     }
     let baseline = preset(&args.baseline)
         .parse::<gradwire_codec::CodecConfig>()
@@ -126,7 +137,8 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     let command = command.replacen(&exe.display().to_string(), "gradwire", 1);
-    let md = crate::report_render::render_markdown(&runs, &baseline, &command);
+    let mut md = crate::report_render::render_markdown(&runs, &baseline, &command);
+    md.push_str(&timeline_section(&runs, &dirs));
     let md_path = args.out.join("report.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
     if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))
@@ -140,6 +152,40 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     println!("{md}");
     eprintln!("gradwire report: wrote {}", md_path.display());
     Ok(())
+}
+
+/// Where a run's merged timeline is, in its directory (`--timeline`).
+const TIMELINE_JSON: &str = "timeline.json";
+
+/// One step of each run's timeline, for report.md: drawn (`timeline.png` next to
+/// `timeline.json`) where a run has a timeline and no drawing yet; empty when no run has one.
+fn timeline_section(runs: &[RunRecord], dirs: &[PathBuf]) -> String {
+    let mut out = String::new();
+    for (run, dir) in runs.iter().zip(dirs) {
+        let json = dir.join(TIMELINE_JSON);
+        if !json.is_file() {
+            continue;
+        }
+        let png = json.with_extension("png");
+        if !png.is_file() {
+            if let Err(e) = crate::plot_timeline::plot_step(&json, &png) {
+                eprintln!(
+                    "gradwire report: warning: timeline of {} not drawn ({e:#})",
+                    dir.display()
+                );
+                continue;
+            }
+        }
+        if out.is_empty() {
+            out.push_str("\n## One step of each run's timeline\n\n");
+        }
+        let sub = dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        out.push_str(&format!("![{}]({sub}/timeline.png)\n\n", run.codec));
+    }
+    out
 }
 
 /// The run recorded in `dir`, if it finished all `epochs`.
@@ -181,6 +227,39 @@ fn sanitize(spec: &str) -> String {
 mod tests {
     use super::*;
     use crate::records::tests::{sample_run, scratch_dir};
+
+    #[test]
+    fn a_run_with_a_timeline_gets_its_step_drawn_and_shown() {
+        use gradwire_engine::{Phase, Span};
+        let out = scratch_dir("timeline-section");
+        let (with, without) = (out.join("none"), out.join("topk"));
+        std::fs::create_dir_all(&with).unwrap();
+        std::fs::create_dir_all(&without).unwrap();
+        let span = |phase, start_us, end_us| Span {
+            tensor: "step".into(),
+            phase,
+            rank: 0,
+            start_us,
+            end_us,
+        };
+        let spans = [
+            span(Phase::Forward, 0, 50),
+            span(Phase::Backward, 50, 120),
+            span(Phase::Wire, 120, 180),
+            span(Phase::Update, 180, 200),
+            span(Phase::Forward, 200, 250),
+        ];
+        gradwire_engine::timeline::write_trace(&with.join(TIMELINE_JSON), 0, &spans).unwrap();
+        let runs = [
+            sample_run("none", &[0.8], 1000),
+            sample_run("topk:ratio=0.01", &[0.7], 100),
+        ];
+        let md = timeline_section(&runs, &[with.clone(), without.clone()]);
+        assert!(with.join("timeline.png").is_file(), "no drawing made");
+        assert!(md.contains("](none/timeline.png)"), "{md}");
+        assert!(!md.contains("topk/timeline.png"), "{md}");
+        assert_eq!(timeline_section(&runs[1..], &[without]), "");
+    }
 
     #[test]
     fn resume_keeps_only_finished_runs() {
