@@ -52,6 +52,12 @@ pub struct CaseResult {
     pub per_tensor_ms: f64,
     /// Median step time with one blocking all-reduce of everything, ms.
     pub flat_ms: f64,
+    /// Engine: negotiation rounds per step (mean).
+    #[serde(default)]
+    pub engine_rounds: f64,
+    /// Engine: steps whose dense batch rode the negotiation round (mean per step, 0..1).
+    #[serde(default)]
+    pub engine_speculative: f64,
 }
 
 /// The report.
@@ -77,6 +83,8 @@ fn case_result(r: &BenchResult) -> CaseResult {
         engine_ms: r.engine_ms,
         per_tensor_ms: r.per_tensor_ms,
         flat_ms: r.flat_ms,
+        engine_rounds: r.engine_rounds,
+        engine_speculative: r.engine_speculative,
     }
 }
 
@@ -177,19 +185,29 @@ fn run_processes(args: &EngineBenchArgs, kind: TransportKind) -> Result<Report> 
 
 fn finish(report: &Report, args: &EngineBenchArgs) -> Result<()> {
     println!(
-        "{:<11} {:>8} {:>11} {:>14} {:>9} {:>12} {:>9}",
-        "case", "tensors", "engine ms", "per-tensor ms", "flat ms", "vs per-tensor", "vs flat"
+        "{:<11} {:>8} {:>11} {:>14} {:>9} {:>12} {:>9} {:>7} {:>6}",
+        "case",
+        "tensors",
+        "engine ms",
+        "per-tensor ms",
+        "flat ms",
+        "vs per-tensor",
+        "vs flat",
+        "rounds",
+        "spec"
     );
     for r in &report.results {
         println!(
-            "{:<11} {:>8} {:>11.3} {:>14.3} {:>9.3} {:>11.2}x {:>8.2}x",
+            "{:<11} {:>8} {:>11.3} {:>14.3} {:>9.3} {:>11.2}x {:>8.2}x {:>7.2} {:>6.2}",
             r.case,
             r.tensors,
             r.engine_ms,
             r.per_tensor_ms,
             r.flat_ms,
             r.per_tensor_ms / r.engine_ms,
-            r.flat_ms / r.engine_ms
+            r.flat_ms / r.engine_ms,
+            r.engine_rounds,
+            r.engine_speculative
         );
     }
     if let Some(path) = &args.json {

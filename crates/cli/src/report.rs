@@ -57,6 +57,11 @@ pub struct ReportArgs {
     /// an interrupted matrix, or to redo one codec after deleting its directory).
     #[arg(long)]
     resume: bool,
+    /// Record each run's timeline (`<run>/timeline.json`, every rank's spans merged) and
+    /// draw one step of it (`<run>/timeline.png`), shown in report.md. A run directory that
+    /// already has a `timeline.json` (e.g. kept with `--resume`) gets its drawing too.
+    #[arg(long)]
+    timeline: bool,
     /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
     #[arg(last = true)]
     train_args: Vec<String>,
@@ -155,6 +160,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     }
     let jobs = plan_jobs(&parsed, &args.variants, &args.seeds, &args.out);
     let mut runs = Vec::new();
+    let mut dirs = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         let label = format!(
             "[{}/{}] {}{}{}",
@@ -175,6 +181,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
                     job.dir.display()
                 );
                 runs.push(run);
+                dirs.push(job.dir.clone());
                 continue;
             }
         }
@@ -201,6 +208,9 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             cmd.args(["--momentum-correction", "on"]);
         }
         cmd.args(&args.train_args);
+        if args.timeline {
+            cmd.arg("--timeline").arg(job.dir.join(TIMELINE_JSON));
+        }
         if let Some(d) = &args.dataset {
             cmd.args(["--dataset", d]);
         }
@@ -215,6 +225,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
                 .with_context(|| format!("reading {}/run.json", job.dir.display()))?,
         )?;
         runs.push(run);
+        dirs.push(job.dir.clone());
     }
     let baseline = preset(&args.baseline)
         .parse::<gradwire_codec::CodecConfig>()
@@ -224,7 +235,8 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     let command = command.replacen(&exe.display().to_string(), "gradwire", 1);
-    let md = crate::report_render::render_markdown(&runs, &baseline, &command);
+    let mut md = crate::report_render::render_markdown(&runs, &baseline, &command);
+    md.push_str(&timeline_section(&runs, &dirs, &args.out));
     let md_path = args.out.join("report.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
     if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))
@@ -238,6 +250,46 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     println!("{md}");
     eprintln!("gradwire report: wrote {}", md_path.display());
     Ok(())
+}
+
+/// Where a run's merged timeline is, in its directory (`--timeline`).
+const TIMELINE_JSON: &str = "timeline.json";
+
+/// One step of each run's timeline, for report.md: drawn (`timeline.png` next to
+/// `timeline.json`) where a run has a timeline and no drawing yet; empty when no run has one.
+fn timeline_section(runs: &[RunRecord], dirs: &[PathBuf], out_dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    for (run, dir) in runs.iter().zip(dirs) {
+        let json = dir.join(TIMELINE_JSON);
+        if !json.is_file() {
+            continue;
+        }
+        let png = json.with_extension("png");
+        if !png.is_file() {
+            if let Err(e) = crate::plot_timeline::plot_step(&json, &png) {
+                eprintln!(
+                    "gradwire report: warning: timeline of {} not drawn ({e:#})",
+                    dir.display()
+                );
+                continue;
+            }
+        }
+        if out.is_empty() {
+            out.push_str("\n## One step of each run's timeline\n\n");
+        }
+        // Relative to report.md (a seed's run sits one level deeper).
+        let sub = dir
+            .strip_prefix(out_dir)
+            .unwrap_or(dir)
+            .display()
+            .to_string();
+        let label = match run.seed {
+            Some(s) => format!("{}, seed {s}", run.codec),
+            None => run.codec.clone(),
+        };
+        out.push_str(&format!("![{label}]({sub}/timeline.png)\n\n"));
+    }
+    out
 }
 
 /// The run recorded in `dir`, if it finished all `epochs`.
@@ -316,6 +368,39 @@ mod tests {
         assert_eq!(single.len(), 1);
         assert_eq!(single[0].seed, None);
         assert_eq!(single[0].dir, out.join("none"));
+    }
+
+    #[test]
+    fn a_run_with_a_timeline_gets_its_step_drawn_and_shown() {
+        use gradwire_engine::{Phase, Span};
+        let out = scratch_dir("timeline-section");
+        let (with, without) = (out.join("none"), out.join("topk"));
+        std::fs::create_dir_all(&with).unwrap();
+        std::fs::create_dir_all(&without).unwrap();
+        let span = |phase, start_us, end_us| Span {
+            tensor: "step".into(),
+            phase,
+            rank: 0,
+            start_us,
+            end_us,
+        };
+        let spans = [
+            span(Phase::Forward, 0, 50),
+            span(Phase::Backward, 50, 120),
+            span(Phase::Wire, 120, 180),
+            span(Phase::Update, 180, 200),
+            span(Phase::Forward, 200, 250),
+        ];
+        gradwire_engine::timeline::write_trace(&with.join(TIMELINE_JSON), 0, &spans).unwrap();
+        let runs = [
+            sample_run("none", &[0.8], 1000),
+            sample_run("topk:ratio=0.01", &[0.7], 100),
+        ];
+        let md = timeline_section(&runs, &[with.clone(), without.clone()], &out);
+        assert!(with.join("timeline.png").is_file(), "no drawing made");
+        assert!(md.contains("](none/timeline.png)"), "{md}");
+        assert!(!md.contains("topk/timeline.png"), "{md}");
+        assert_eq!(timeline_section(&runs[1..], &[without], &out), "");
     }
 
     #[test]

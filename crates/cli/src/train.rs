@@ -121,6 +121,12 @@ pub struct TrainArgs {
     /// Cap on held-out samples evaluated per epoch.
     #[arg(long)]
     pub eval_limit: Option<usize>,
+    /// 1: one-step-stale double buffering (CNTK's 1-bit SGD): step t's gradient is averaged
+    /// while step t+1's forward/backward runs, and applied one step late — a deviation from
+    /// synchronous SGD, which needs a smaller learning rate with momentum (LeNet: lr 0.02 at
+    /// momentum 0.9). 0 (default): synchronous.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub overlap_steps: Option<u8>,
     /// Characters per training sequence (language models) [default: 64].
     #[arg(long)]
     pub seq_len: Option<usize>,
@@ -397,6 +403,7 @@ impl TrainArgs {
             optimizer,
             max_steps_per_epoch: self.max_steps.or(file.max_steps),
             eval_limit: self.eval_limit.or(file.eval_limit),
+            overlap_steps: self.overlap_steps.map_or(0, usize::from),
             ..TrainConfig::default()
         };
         let out = self.out.clone().or(file.out).unwrap_or_else(|| {

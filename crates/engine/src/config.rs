@@ -362,9 +362,11 @@ pub struct EngineConfig {
     /// bytes (a bigger tensor travels alone); 0 turns fusion off. Default 4 MiB.
     pub fusion_bytes: usize,
     /// Negotiation cadence (default 1 ms): a rank with tensors pending joins a round at least
-    /// this often, one with nothing pending every 10 cycles; after a first submission it waits
-    /// for the queue to go quiet (an eighth of a cycle, 20..200 µs), a flush, or at most this
-    /// long before a round.
+    /// this often; one with nothing pending sleeps until it submits, joining a round only for
+    /// the stall inspector (every quarter of the stall deadline, 10 cycles .. 1 s). A burst of
+    /// submissions starts its round when a thread waits on one of its handles, an eighth of a
+    /// cycle (20..200 µs) after a flush, or else within ten cycles (once the queue has been
+    /// quiet for an eighth of a cycle, or a cycle after the burst began).
     pub cycle_time: Duration,
     /// Warn (`tracing::warn!`, and a [`StallReport`](crate::StallReport)) when a tensor has
     /// been submitted by some ranks but not all for this long (default 60 s; `None`: off).

@@ -14,6 +14,25 @@
 use gradwire_collective::{chunks, Algorithm, Result};
 use gradwire_transport::Transport;
 
+/// `out[k] = (((parts[0][k] + parts[1][k]) + ...) + parts[P-1][k]) / P`, where `parts` holds
+/// the `P = world` ranks' parts of one chunk one after another (`out.len()` floats each):
+/// every element summed in rank order, row by row (contiguous loops, no strided reads).
+pub(crate) fn rank_order_mean(parts: &[f32], world: usize, out: &mut [f32]) {
+    let m = out.len();
+    out.copy_from_slice(&parts[..m]);
+    for part in parts[m..world * m].chunks_exact(m.max(1)) {
+        for (o, x) in out.iter_mut().zip(part) {
+            *o += *x;
+        }
+    }
+    if world > 1 {
+        let n = world as f32;
+        for o in out.iter_mut() {
+            *o /= n;
+        }
+    }
+}
+
 /// Mean over ranks of `buf`, summed in rank order (see the module doc). `scratch` is reused.
 pub(crate) fn canonical_mean<T: Transport + ?Sized>(
     t: &mut T,
@@ -49,14 +68,7 @@ pub(crate) fn canonical_mean<T: Transport + ?Sized>(
             )?;
         }
     }
-    let n = world as f32;
-    for (k, out) in buf[mine].iter_mut().enumerate() {
-        let mut acc = scratch[k];
-        for r in 1..world {
-            acc += scratch[r * m + k];
-        }
-        *out = acc / n;
-    }
+    rank_order_mean(scratch, world, &mut buf[mine]);
     // A copy, no arithmetic: any all-gather gives the same bits. Recursive doubling on
     // power-of-two worlds (`log2 P` steps instead of the ring's `P-1`; same chunks), the ring
     // otherwise.

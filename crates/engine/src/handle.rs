@@ -85,20 +85,32 @@ impl Handle {
 
     /// Blocks until the operation completes and returns its result (the reduced tensor,
     /// the gathered concatenation, or the broadcast buffer).
+    ///
+    /// The waiting thread runs the negotiation rounds itself while the progress thread is not
+    /// in one (no hand-off to the progress thread and back); otherwise it sleeps until the
+    /// result arrives or the next cycle is due. It never spins.
     pub fn wait(self) -> Result<Vec<f32>> {
-        // Run the cycle here when this rank's burst is flushed and the progress thread is not
-        // in a round (saves two thread hand-offs); else wait for the progress thread.
-        if let Some(d) = &self.driver {
-            if !self.test() {
-                d.drive();
-            }
-        }
         let mut s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(r) = s.take() {
                 return r;
             }
-            s = self.slot.ready.wait(s).unwrap_or_else(|e| e.into_inner());
+            match &self.driver {
+                Some(d) => {
+                    drop(s);
+                    let ran = d.drive();
+                    s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if !ran && s.is_none() {
+                        s = self
+                            .slot
+                            .ready
+                            .wait_timeout(s, d.cycle)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                }
+                None => s = self.slot.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
+            }
         }
     }
 

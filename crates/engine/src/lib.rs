@@ -21,7 +21,7 @@
 //!   a transport failure reaches every pending handle, naming the rank.
 //! - Steady state on small models: the registered dense tensors submitted together are
 //!   reduced in the negotiation round itself (bit-identical; [`EngineStats::speculative_rounds`]),
-//!   and a thread waiting after a flush runs the cycle itself instead of handing it to the
+//!   and a thread waiting on a handle runs the cycle itself instead of handing it to the
 //!   progress thread.
 //! - The timeline (Chrome trace per rank, [`merge_traces`]), straggler analysis and byte
 //!   accounting ([`EngineStats`]) measure it all.
@@ -215,11 +215,18 @@ impl Engine {
         handles
     }
 
-    /// Tells the progress thread that this burst of submissions is complete (e.g. backward
-    /// is done): it negotiates at once instead of waiting for the queue to go quiet.
+    /// Says that this burst of submissions is complete (e.g. backward is done) and wakes the
+    /// progress thread. A thread waiting on one of its handles runs the round at once; if
+    /// none does, the progress thread starts it a short grace later (an eighth of a cycle,
+    /// 20..200 µs, so as not to race the waiter). Without a flush or a waiter, a burst starts
+    /// within ten cycles.
     pub fn flush(&self) {
-        lock(&self.shared.queue).flush = true;
-        self.shared.wake.notify_one();
+        let mut q = lock(&self.shared.queue);
+        if !q.subs.is_empty() {
+            q.flushed_at = Some(std::time::Instant::now());
+            drop(q);
+            self.shared.wake.notify_one();
+        }
     }
 
     fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Arc<Descriptor>> {
@@ -290,8 +297,8 @@ impl Engine {
 
     fn submit_many(&self, items: Vec<(Result<Arc<Descriptor>>, Vec<f32>)>) -> Vec<Handle> {
         let mut q = lock(&self.shared.queue);
-        // Only the first submission of a burst wakes the progress thread; it then waits for
-        // the queue to go quiet (or a flush) by itself.
+        // Submitting wakes no thread (see `Shared::wait_for_work`): a waiter or a flush
+        // starts the round; the first submission of a burst records when it began.
         let was_empty = q.subs.is_empty();
         let progress = q.progress;
         let ready_us = now_us();
@@ -326,10 +333,10 @@ impl Engine {
                 h
             })
             .collect();
-        drop(q);
-        if was_empty {
-            self.shared.wake.notify_one();
+        if was_empty && !q.subs.is_empty() {
+            q.burst_began = Some(std::time::Instant::now());
         }
+        drop(q);
         handles
     }
 

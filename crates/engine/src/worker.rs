@@ -2,8 +2,11 @@
 //! background loop) until every rank has asked to shut down or the transport fails.
 //!
 //! One cycle:
-//! 1. wait until this rank has new submissions, or `cycle_time` has passed (so idle ranks
-//!    still take part in every round and a busy rank waits at most one cycle for them);
+//! 1. wait until this rank has new submissions, or `cycle_time` has passed with tensors
+//!    pending here; a rank with nothing pending sleeps (no rounds, no CPU) until it submits,
+//!    shuts down, or the rare stall check is due ([`idle_check_period`]): the others need it
+//!    in a round only to see which ranks are missing, since nothing can be ready before it
+//!    submits too;
 //! 2. **negotiate**: one all-gather of each rank's [`Message`](crate::wire): the bit-vector of
 //!    its pending *cached* tensors (the response cache: a tensor seen before is named by its
 //!    id, one bit), submit times of newly set bits, and full descriptors of tensors not yet
@@ -15,9 +18,9 @@
 //! 3. **execute** the ready tensors in id order, fused per kind ([`crate::fusion`]);
 //! 4. end when every rank's message carried the shutdown flag.
 //!
-//! Latency on small models: a thread blocked in [`crate::Handle::wait`] after a flush runs
-//! the cycle itself when the progress thread is not in one ([`Shared::drive`]; no hand-off
-//! to the progress thread and back), and when the registered dense tensors are all submitted
+//! Latency on small models: a thread blocked in [`crate::Handle::wait`] runs the cycle
+//! itself when the progress thread is not in one ([`Shared::drive`]; no hand-off to the
+//! progress thread and back), and when the registered dense tensors are all submitted
 //! together, their canonical reduce-scatter rides the negotiation round
 //! ([`Worker::negotiate`]; one round fewer, the same bits).
 //!
@@ -75,8 +78,10 @@ pub(crate) struct Queue {
     pub fatal: Option<Error>,
     pub exited: bool,
     pub progress: Progress,
-    /// The submitter says its burst is complete: negotiate without waiting for a quiet gap.
-    pub flush: bool,
+    /// When the submitter said its burst is complete ([`crate::Engine::flush`]).
+    pub flushed_at: Option<Instant>,
+    /// When the first submission still queued arrived.
+    pub burst_began: Option<Instant>,
 }
 
 /// Locks a mutex, ignoring poisoning (the progress thread never panics while holding one).
@@ -161,6 +166,8 @@ pub(crate) struct Worker {
     spec: Vec<usize>,
     /// Each rank's part of the speculative batch's owned chunk, `world * chunk` floats.
     spec_parts: Vec<f32>,
+    /// Rounds this rank has attached the current batch in.
+    spec_tries: u32,
     /// When this rank last joined a round.
     last: Instant,
 }
@@ -186,50 +193,60 @@ fn fail(slot: &mut Option<Worker>, e: Error) {
 }
 
 impl Shared {
-    /// The progress thread's wait (Horovod's cycle): until this rank has a complete burst of
-    /// submissions, a shutdown to announce, or `period` since `last`. A burst (a backward
-    /// pass handing over its gradients one by one) should reach one round together: once
-    /// something is queued, wait until the queue has been quiet for `gap`, or a flush, or
-    /// `cycle` since the burst began.
+    /// The progress thread's wait (Horovod's cycle): until this rank has a burst of
+    /// submissions to negotiate, a shutdown to announce, or `period` since `last`.
+    ///
+    /// Submitting does not wake this thread (on a loaded machine the woken thread preempts
+    /// the submitter, which then misses its own burst): a thread that waits on a handle runs
+    /// the round itself ([`Shared::drive`]); a flush wakes this thread, which leaves the
+    /// burst a grace of `gap` (an eighth of a cycle, 20..200 µs) for such a waiter and then
+    /// starts it; a burst neither flushed nor waited on is found within `look` (ten cycles)
+    /// and started once the queue has been quiet for `gap`, or a cycle after it began.
     fn wait_for_work(&self, period: Duration, announced: bool, last: Instant) {
-        let gap =
-            |c: Duration| (c / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
+        let c = self.cycle;
+        let gap = (c / 8).clamp(Duration::from_micros(20), Duration::from_micros(200));
+        let look = c * 10;
         let mut q = lock(&self.queue);
-        let mut burst: Option<Instant> = None;
+        // The queue length seen last, and since when.
+        let mut seen = (0usize, Instant::now());
         loop {
             if q.exited || (q.shutdown && !announced) {
                 return;
             }
+            let now = Instant::now();
             let queued = q.subs.len();
+            if queued != seen.0 {
+                seen = (queued, now);
+            }
             let wait = if queued == 0 {
-                burst = None;
                 let elapsed = last.elapsed();
                 if elapsed >= period {
-                    return; // a round the others may be waiting in
+                    return; // the stall check, or a round with tensors pending here
                 }
                 period - elapsed
             } else {
-                let c = self.cycle;
-                let began = *burst.get_or_insert_with(Instant::now);
-                if q.flush || began.elapsed() >= c {
+                let deadline = match q.flushed_at {
+                    Some(f) => f + gap,
+                    None => (seen.1 + gap).min(q.burst_began.unwrap_or(now) + c),
+                };
+                if now >= deadline {
                     return;
                 }
-                gap(c).min(c - began.elapsed())
+                deadline - now
             };
             q = self
                 .wake
-                .wait_timeout(q, wait)
+                .wait_timeout(q, wait.min(look))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-            if queued > 0 && q.subs.len() == queued {
-                return;
-            }
         }
     }
 
     /// Runs one cycle on the calling thread (one blocked in [`crate::Handle::wait`]) when
-    /// the progress thread is not in one and this rank's burst is complete (flushed): saves
-    /// the hand-offs to the progress thread and back. `false`: nothing run.
+    /// the progress thread is not in one and there is something to negotiate (submissions
+    /// queued, or tensors pending here and a cycle since the last round): the thread that
+    /// needs the result runs the round, with no hand-off to the progress thread and back (on
+    /// a loaded machine each hand-off waits for the scheduler). `false`: nothing run.
     pub(crate) fn drive(&self) -> bool {
         let Ok(mut g) = self.worker.try_lock() else {
             return false;
@@ -239,10 +256,12 @@ impl Shared {
         };
         let subs = {
             let mut q = lock(&self.queue);
-            if q.shutdown || q.exited || !q.flush || q.subs.is_empty() {
+            let due = !w.pending.is_empty() && w.last.elapsed() >= w.idle_period();
+            if q.shutdown || q.exited || (q.subs.is_empty() && !due) {
                 return false;
             }
-            q.flush = false;
+            q.flushed_at = None;
+            q.burst_began = None;
             std::mem::take(&mut q.subs)
         };
         w.last = Instant::now();
@@ -253,6 +272,25 @@ impl Shared {
         true
     }
 }
+
+/// How often a rank with nothing pending joins a round (for the others' stall inspector):
+/// a quarter of the earlier of [`EngineConfig::stall_warning`] and
+/// [`EngineConfig::stall_abort`], at least ten cycles, at most 1 s (also with neither set).
+pub(crate) fn idle_check_period(cfg: &EngineConfig) -> Duration {
+    let cycle = cfg.cycle_time.max(Duration::from_micros(50));
+    let deadline = match (cfg.stall_warning, cfg.stall_abort) {
+        (Some(w), Some(a)) => w.min(a),
+        (Some(d), None) | (None, Some(d)) => d,
+        (None, None) => Duration::MAX,
+    };
+    (deadline / 4).clamp(cycle * 10, Duration::from_secs(1).max(cycle * 10))
+}
+
+/// Rounds per submission of the speculative batch in which a rank attaches its parts: the
+/// first (the one a rank that submitted early waits in) and one more (in case another
+/// rank's stall check took that round); after that the batch goes the normal way, so a rank
+/// waiting on a slow one does not resend it every cycle.
+const SPEC_TRIES: u32 = 2;
 
 /// The speculative batch's size limit: larger batches are bandwidth-bound, where saving a
 /// round does not matter and a failed speculation would waste a real transfer.
@@ -287,6 +325,7 @@ impl Worker {
             announced_shutdown: false,
             spec: Vec::new(),
             spec_parts: Vec::new(),
+            spec_tries: 0,
             last: Instant::now(),
         };
         for (i, p) in policies.iter().enumerate() {
@@ -386,7 +425,7 @@ impl Worker {
     /// after a clean shutdown (dropped after a failure, so that peers see this rank gone).
     ///
     /// The worker sits in `shared.worker` so that a thread blocked in [`crate::Handle::wait`]
-    /// can run a cycle itself once its burst is flushed (see [`Shared::drive`]): this thread
+    /// can run a cycle itself (see [`Shared::drive`]): this thread
     /// waits for work without holding it, then locks it and re-checks (someone may have run
     /// the cycle meanwhile).
     pub(crate) fn run(shared: Arc<Shared>) -> Option<Box<dyn Transport>> {
@@ -407,7 +446,8 @@ impl Worker {
                 if q.subs.is_empty() && !due && !announce {
                     continue; // a waiting thread ran the cycle
                 }
-                q.flush = false;
+                q.flushed_at = None;
+                q.burst_began = None;
                 w.announced_shutdown |= q.shutdown;
                 (std::mem::take(&mut q.subs), q.shutdown)
             };
@@ -433,13 +473,15 @@ impl Worker {
     }
 
     /// How long without submissions before this rank joins a round anyway: `cycle` with
-    /// tensors pending here (they may become ready any moment), ten cycles otherwise (the
-    /// others only need us for stall inspection and shutdown: a submission of ours starts a
-    /// round at once).
+    /// tensors pending here (they may become ready any moment); with nothing pending here,
+    /// [`idle_check_period`] (a quarter of the stall deadline, within 10 cycles .. 1 s). An
+    /// idle rank is only needed by the others for stall inspection: a tensor is ready only
+    /// once every rank submitted it, and a submission of ours (or a shutdown) starts a round
+    /// at once, so a rank that waits for us in a round loses nothing while we sleep.
     fn idle_period(&self) -> Duration {
         let cycle = self.cfg.cycle_time.max(Duration::from_micros(50));
         if self.pending.is_empty() {
-            cycle * 10
+            idle_check_period(&self.cfg)
         } else {
             cycle
         }
@@ -486,11 +528,14 @@ impl Worker {
         );
         msg.encode(&mut self.msg_buf);
         let before = self.t.bytes_sent();
-        let fresh = msg
+        if msg
             .new_ready
             .iter()
-            .any(|(id, _)| self.spec.binary_search(&(*id as usize)).is_ok());
-        let spec = self.negotiate(fresh)?;
+            .any(|(id, _)| self.spec.binary_search(&(*id as usize)).is_ok())
+        {
+            self.spec_tries = 0;
+        }
+        let spec = self.negotiate()?;
         let spec_bytes = spec.as_ref().map_or(0, |(_, b)| *b);
         let negotiated_us = now_us();
         let msgs = self
@@ -565,9 +610,10 @@ impl Worker {
     /// tensors qualify (`self.spec`, the same on every rank), the round is the canonical
     /// reduce-scatter's pairwise exchange (`P-1` steps, rank `r` sends to `r+s` and receives
     /// from `r-s`, so every rank hears from every other) and each message carries the
-    /// negotiation message, plus, when this rank has the whole batch pending and some of it
-    /// was submitted this cycle (`fresh`), its part of the fused batch for the receiver's
-    /// chunk. If every rank sent its parts, every rank had the whole batch pending, so it is
+    /// negotiation message, plus, when this rank has the whole batch pending (in at most
+    /// [`SPEC_TRIES`] rounds per submission: the round a rank that submitted early waits in
+    /// until the last rank submits, and one more), its part of the fused batch for the
+    /// receiver's chunk. If every rank sent its parts, every rank had the whole batch pending, so it is
     /// ready everywhere, and each owner sums its chunk in rank order exactly as
     /// [`crate::dense`] does: the result is bit for bit the normal path's, one negotiation
     /// round (`log2 P` steps on power-of-two worlds) earlier. Otherwise the parts are dropped
@@ -575,7 +621,7 @@ impl Worker {
     /// batch: the small all-gather of `rd_gather`.
     ///
     /// Returns the fused batch with this rank's chunk reduced, and the part bytes sent.
-    fn negotiate(&mut self, fresh: bool) -> Result<Option<(Vec<f32>, u64)>> {
+    fn negotiate(&mut self) -> Result<Option<(Vec<f32>, u64)>> {
         let (rank, world) = (self.rank, self.world);
         if self.spec.is_empty() {
             crate::rd_gather::all_gather_small(
@@ -587,11 +633,12 @@ impl Worker {
             )?;
             return Ok(None);
         }
-        let attach = fresh
+        let attach = self.spec_tries < SPEC_TRIES
             && self
                 .spec
                 .iter()
                 .all(|&id| self.pending.contains_key(&self.entries[id].desc.name));
+        self.spec_tries += u32::from(attach);
         let mut fused = self.exec.take_fused();
         if attach {
             for &id in &self.spec {
@@ -602,9 +649,9 @@ impl Worker {
         let len: usize = self.spec.iter().map(|&id| self.entries[id].len).sum();
         let mine = gradwire_collective::chunks::range(len, world, rank);
         let m = mine.len();
-        self.spec_parts.clear();
-        self.spec_parts.resize(world * m, 0.0);
         if attach {
+            self.spec_parts.clear();
+            self.spec_parts.resize(world * m, 0.0);
             self.spec_parts[rank * m..(rank + 1) * m].copy_from_slice(&fused[mine.clone()]);
         }
         self.gathered.resize_with(world, Vec::new);
@@ -636,11 +683,12 @@ impl Worker {
                 0 => all = false,
                 1 => {
                     let b = r.bytes(4 * m)?;
-                    for (x, c) in self.spec_parts[from * m..(from + 1) * m]
-                        .iter_mut()
-                        .zip(b.chunks_exact(4))
-                    {
-                        *x = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                    if attach {
+                        // The sender's `cast_slice` bytes, back into floats (one copy).
+                        bytemuck::cast_slice_mut::<f32, u8>(
+                            &mut self.spec_parts[from * m..(from + 1) * m],
+                        )
+                        .copy_from_slice(b);
                     }
                 }
                 _ => return Err(r.err("bad speculation flag")),
@@ -653,14 +701,7 @@ impl Worker {
             self.exec.give_back(fused);
             return Ok(None);
         }
-        let n = world as f32;
-        for (k, out) in fused[mine].iter_mut().enumerate() {
-            let mut acc = self.spec_parts[k];
-            for r in 1..world {
-                acc += self.spec_parts[r * m + k];
-            }
-            *out = acc / n;
-        }
+        crate::dense::rank_order_mean(&self.spec_parts, world, &mut fused[mine]);
         Ok(Some((fused, part_bytes)))
     }
 

@@ -2,4 +2,5 @@
 
 mod distributed;
 mod models;
+mod overlap;
 mod util;

@@ -8,6 +8,11 @@
 //! and epoch reach the engine first, so every codec under every strategy sees training
 //! progress (DGC's warm-up).
 //!
+//! One-step-stale double buffering ([`GradientSync::start_sync`] /
+//! [`GradientSync::finish_sync`], the trainer's `overlap_steps = 1`): the same burst, waited
+//! for a step later, so the engine's progress thread moves it while the next forward/backward
+//! runs.
+//!
 //! Bytes: `bytes_sent` is every byte this rank's engine sent since the previous call
 //! (gradients, negotiation rounds, idle rounds between steps), so a run's sum is exactly
 //! what its transport sent; `encoded_bytes` is the bytes sent by the gradient collectives
@@ -18,7 +23,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gradwire_engine::{ByteStats, Engine, EngineConfig, EngineStats, Phase, TensorSpec};
+use gradwire_engine::{ByteStats, Engine, EngineConfig, EngineStats, Handle, Phase, TensorSpec};
 use gradwire_transport::Transport;
 
 use super::{GradientSync, OnReady, SyncStats};
@@ -41,6 +46,9 @@ pub struct EngineSync {
     step: u64,
     /// Everything the engine had sent at the end of the previous call.
     sent: u64,
+    /// The averaging [`GradientSync::start_sync`] began: tensor indices and their handles,
+    /// in submission order, and the wire bytes before it.
+    in_flight: Option<(Vec<(usize, Handle)>, u64)>,
 }
 
 fn total_sent(b: &ByteStats) -> u64 {
@@ -81,6 +89,7 @@ impl EngineSync {
             steps_per_epoch: steps_per_epoch.max(1) as u64,
             step: 0,
             sent,
+            in_flight: None,
         })
     }
 
@@ -114,6 +123,78 @@ impl EngineSync {
     }
 }
 
+impl EngineSync {
+    /// Submits every tensor of `grads` (output layer first, as a backward pass produces
+    /// them) as one flushed burst; the handles wait in `in_flight`.
+    fn submit(&mut self, grads: &[f32]) -> Result<()> {
+        let total: usize = self.ranges.last().map_or(0, |r| r.end);
+        if grads.len() != total {
+            return Err(Error::LengthMismatch {
+                what: "gradients",
+                expected: total,
+                got: grads.len(),
+            });
+        }
+        let engine = self.engine.as_ref().expect("engine present until shutdown");
+        engine.set_progress(self.step, self.step as f32 / self.steps_per_epoch as f32);
+        self.step += 1;
+        let wire_before = engine.bytes().wire_bytes;
+        let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
+        let handles = engine.all_reduce_batch(
+            order
+                .iter()
+                .map(|&i| {
+                    (
+                        self.names[i].clone(),
+                        grads[self.ranges[i].clone()].to_vec(),
+                    )
+                })
+                .collect(),
+        );
+        self.in_flight = Some((order.into_iter().zip(handles).collect(), wire_before));
+        Ok(())
+    }
+
+    /// Waits for the submitted tensors in submission order, writing each into `out` and
+    /// handing it to `on_ready`; the costs since `t0`, less the time in `on_ready`.
+    fn collect(
+        &mut self,
+        out: &mut [f32],
+        on_ready: &mut OnReady<'_>,
+        t0: Instant,
+    ) -> Result<SyncStats> {
+        let total: usize = self.ranges.last().map_or(0, |r| r.end);
+        if out.len() != total {
+            return Err(Error::LengthMismatch {
+                what: "gradients",
+                expected: total,
+                got: out.len(),
+            });
+        }
+        let (handles, wire_before) = self.in_flight.take().expect("checked by the callers");
+        let mut in_callbacks = Duration::ZERO;
+        for (i, h) in handles {
+            let got = h.wait()?;
+            let r = self.ranges[i].clone();
+            out[r.clone()].copy_from_slice(&got);
+            let c0 = Instant::now();
+            on_ready(r.clone(), &out[r])?;
+            in_callbacks += c0.elapsed();
+        }
+        let engine = self.engine.as_ref().expect("engine present until shutdown");
+        let bytes = engine.bytes();
+        let sent = total_sent(&bytes);
+        let bytes_sent = sent.saturating_sub(self.sent);
+        self.sent = sent;
+        Ok(SyncStats {
+            bytes_sent,
+            comm_s: t0.elapsed().saturating_sub(in_callbacks).as_secs_f64(),
+            raw_bytes: 4 * total as u64,
+            encoded_bytes: bytes.wire_bytes.saturating_sub(wire_before),
+        })
+    }
+}
+
 impl GradientSync for EngineSync {
     fn rank(&self) -> usize {
         self.rank
@@ -140,52 +221,30 @@ impl GradientSync for EngineSync {
         grads: &mut [f32],
         on_ready: &mut OnReady<'_>,
     ) -> Result<SyncStats> {
-        let total: usize = self.ranges.last().map_or(0, |r| r.end);
-        if grads.len() != total {
-            return Err(Error::LengthMismatch {
-                what: "gradients",
-                expected: total,
-                got: grads.len(),
-            });
+        if self.in_flight.is_some() {
+            return Err(Error::Config(
+                "sync while a start_sync is still in flight".into(),
+            ));
         }
         let t0 = Instant::now();
-        let engine = self.engine.as_ref().expect("engine present until shutdown");
-        engine.set_progress(self.step, self.step as f32 / self.steps_per_epoch as f32);
-        self.step += 1;
-        let wire_before = engine.bytes().wire_bytes;
-        // Output layer first, as a backward pass produces them.
-        let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
-        let handles = engine.all_reduce_batch(
-            order
-                .iter()
-                .map(|&i| {
-                    (
-                        self.names[i].clone(),
-                        grads[self.ranges[i].clone()].to_vec(),
-                    )
-                })
-                .collect(),
-        );
-        let mut in_callbacks = Duration::ZERO;
-        for (&i, h) in order.iter().zip(handles) {
-            let got = h.wait()?;
-            let r = self.ranges[i].clone();
-            grads[r.clone()].copy_from_slice(&got);
-            let c0 = Instant::now();
-            on_ready(r.clone(), &grads[r])?;
-            in_callbacks += c0.elapsed();
+        self.submit(grads)?;
+        self.collect(grads, on_ready, t0)
+    }
+
+    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
+        if self.in_flight.is_some() {
+            return Err(Error::Config(
+                "start_sync while the previous averaging is still in flight".into(),
+            ));
         }
-        let bytes = engine.bytes();
-        let sent = total_sent(&bytes);
-        let bytes_sent = sent.saturating_sub(self.sent);
-        self.sent = sent;
-        let raw = 4 * total as u64;
-        Ok(SyncStats {
-            bytes_sent,
-            comm_s: t0.elapsed().saturating_sub(in_callbacks).as_secs_f64(),
-            raw_bytes: raw,
-            encoded_bytes: bytes.wire_bytes.saturating_sub(wire_before),
-        })
+        self.submit(grads)
+    }
+
+    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
+        if self.in_flight.is_none() {
+            return Err(Error::Config("finish_sync without start_sync".into()));
+        }
+        self.collect(out, &mut |_, _| Ok(()), Instant::now())
     }
 
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {

@@ -100,6 +100,26 @@ pub trait GradientSync: Send {
         let _ = (phase, start, end);
     }
 
+    /// Starts averaging this rank's `grads` and returns at once (the trainer's one-step-stale
+    /// double buffering: the next step's forward/backward runs while this is on the wire).
+    /// At most one may be in flight; [`GradientSync::finish_sync`] collects it. The default
+    /// refuses (a sync that cannot overlap steps).
+    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
+        let _ = grads;
+        Err(crate::error::Error::Config(
+            "this gradient sync cannot overlap steps (--overlap-steps needs the engine)".into(),
+        ))
+    }
+
+    /// Waits for the averaging [`GradientSync::start_sync`] began and leaves the result in
+    /// `out` (the same length); its costs, with `comm_s` the time spent waiting here.
+    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
+        let _ = out;
+        Err(crate::error::Error::Config(
+            "this gradient sync cannot overlap steps (--overlap-steps needs the engine)".into(),
+        ))
+    }
+
     /// Averages a few metric values (e.g. the epoch's training loss) over the ranks. The
     /// default leaves them local; implementations with a transport should average.
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
@@ -136,5 +156,11 @@ impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
     }
     fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
         (**self).server_step(grads, params)
+    }
+    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
+        (**self).start_sync(grads)
+    }
+    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
+        (**self).finish_sync(out)
     }
 }
