@@ -107,7 +107,8 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
         bail!("--np, --servers and --reps must be at least 1");
     }
     if args.worker {
-        let t = crate::world::join_from_env()?;
+        // The shards speak TCP, so the all-reduce it is compared with runs over TCP too.
+        let t = crate::world::join_from_env(crate::world::TransportKind::Tcp)?;
         let rank = t.rank();
         let report = measure(t, args)?;
         if rank == 0 {

@@ -472,12 +472,13 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
     }
     let mut run = RunRecord {
         codec: plan.codec.to_string(),
-        model: plan.model.name().into(),
+        model: plan.model.to_string(),
         dataset: plan.dataset.name().into(),
         workers: world,
         steps_per_epoch: steps,
         epochs: Vec::new(),
         momentum_correction: None,
+        seed: Some(plan.train.seed),
         provenance: Some(crate::records::Provenance::current()),
         engine: None,
     };
