@@ -297,7 +297,7 @@ impl TrainArgs {
         if workers == 0 || (host.launched.is_none() && workers > 64) {
             bail!("--workers must be between 1 and 64");
         }
-        let codec = match &self.codec {
+        let mut codec = match &self.codec {
             Some(c) => c.clone(),
             None => from_file(name, "codec", file.codec)?
                 .unwrap_or(CodecConfig::None(gradwire_codec::CastConfig::default())),
@@ -369,10 +369,17 @@ impl TrainArgs {
                  from, and the optimizer is {optimizer}"
             );
         }
-        if let CodecConfig::Dgc(d) = &codec {
+        if let CodecConfig::Dgc(d) = &mut codec {
             // DGC owns momentum (momentum correction): the optimizer adds the aggregated
             // update as it is and keeps DGC's momentum for weight decay alone.
             optimizer = optimizer.momentum_corrected(Some((d.momentum, d.nesterov)));
+            // Local gradient clipping (DGC section 3.3): a training that clips at C clips
+            // each worker's gradient at C / sqrt(N) before accumulation instead of the sum.
+            if d.clip == 0.0 {
+                if let Some(c) = optimizer.clip_norm.take() {
+                    d.clip = c;
+                }
+            }
         } else if mode == MomentumMode::On && codec.id() != CodecId::None {
             momentum_correction = optimizer.sgd_momentum();
             optimizer = optimizer.momentum_corrected(None);
@@ -881,6 +888,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("momentum"), "{e}");
+    }
+
+    #[test]
+    fn dgc_clips_locally_where_the_optimizer_would_clip_the_sum() {
+        let p = args(&[
+            "--codec",
+            "dgc",
+            "--optimizer",
+            "sgd:lr=0.1,momentum=0.9,clip=5",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap();
+        assert_eq!(p.train.optimizer.clip_norm, None);
+        assert!(p.codec.to_string().contains("clip=5"), "{}", p.codec);
+        let p = args(&["--codec", "dgc:clip=2", "--optimizer", "sgd:lr=0.1,clip=5"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert_eq!(
+            p.train.optimizer.clip_norm,
+            Some(5.0),
+            "an explicit clip wins"
+        );
+        assert!(p.codec.to_string().contains("clip=2"), "{}", p.codec);
+        let p = args(&["--codec", "dgc"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert!(
+            p.codec.to_string().contains("clip=0"),
+            "no clip without one to scale"
+        );
     }
 
     #[test]
