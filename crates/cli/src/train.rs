@@ -369,6 +369,13 @@ impl TrainArgs {
                  from, and the optimizer is {optimizer}"
             );
         }
+        if mode == MomentumMode::On && matches!(&codec, CodecConfig::Adaptive(a) if a.ternary) {
+            bail!(
+                "--momentum-correction on masks the momentum where the codec sent, and \
+                 adaptive with ternary=true sends every entry (its mask would erase the \
+                 momentum): use ternary=false or --momentum-correction auto"
+            );
+        }
         if let CodecConfig::Dgc(d) = &mut codec {
             // DGC owns momentum (momentum correction): the optimizer adds the aggregated
             // update as it is and keeps DGC's momentum for weight decay alone.
@@ -888,6 +895,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("momentum"), "{e}");
+        let e = args(&[
+            "--codec",
+            "adaptive:ternary=true",
+            "--momentum-correction",
+            "on",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("ternary"), "{e}");
     }
 
     #[test]

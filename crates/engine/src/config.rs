@@ -167,7 +167,9 @@ pub enum DenseAlgorithm {
 /// "Sent" is read off the codec's own output: the indices of the (index, value) pairs under
 /// [`Strategy::Sparse`], the entries this rank's payload decodes to non-zero under
 /// [`Strategy::Gather`]. Under `Stripe` and `Quantized` the codec quantizes slices inside
-/// the collective and nothing is masked (documented deviation).
+/// the collective and nothing is masked (documented deviation). A codec that sends every
+/// entry (`adaptive:ternary=true`) would be masked everywhere: `gradwire train` refuses it
+/// with momentum correction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MomentumConfig {
     /// The momentum factor, in (0, 1).
