@@ -24,6 +24,11 @@
 //! unsent entry decodes to `mu0` instead of 0 (the residual keeps `x - mu0` there). The
 //! message is then dense in effect (4 more bytes per column, every entry reconstructed).
 //!
+//! Golomb-Rice index coding (`index=golomb`, off by default; LBANN's option, `M = 16`): the
+//! words become one MSB-first bit stream, zero-padded to a byte, holding per sent entry the
+//! gap to the previous sent index (`index - previous - 1`, the first counted from -1) as
+//! `q = gap / 16` one-bits, a zero, the 4-bit remainder, then the sign bit (1 = `-mu_neg`).
+//!
 //! Message size is bounded: when sampling under-estimated the thresholds and
 //! more than `max_excess * pi * len` entries of a column qualify, only that many (the largest
 //! `|x|`) are sent and the rest go back to the residual.
@@ -48,6 +53,7 @@ use std::ops::Range;
 
 use rand::Rng;
 
+use crate::elias::{BitReader, BitWriter};
 use crate::onebit::UNKNOWN_SHAPE_RUN;
 use crate::sparse::{check_len, cut_to_k, k_for, read_f32, read_u32, read_u64};
 use crate::{
@@ -58,7 +64,8 @@ use crate::{
 /// LBANN's default proportion: one in 64 values.
 pub const DEFAULT_PI: f64 = 1.0 / 64.0;
 
-/// Parameters of `adaptive:pi=0.015625[,column=shape][,max_excess=2][,ternary=false]`.
+/// Parameters of `adaptive:pi=0.015625[,column=shape][,max_excess=2][,ternary=false]
+/// [,index=words|golomb]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveConfig {
     /// Proportion of positive (and of negative) entries sent, in (0, 0.5] (default 1/64).
@@ -69,6 +76,8 @@ pub struct AdaptiveConfig {
     pub max_excess: f64,
     /// Ternary reconstruction: unsent entries decode to their column's mean (default off).
     pub ternary: bool,
+    /// Golomb-Rice coding (M = 16) of the index gaps instead of 32-bit words (default off).
+    pub golomb: bool,
 }
 
 impl AdaptiveConfig {
@@ -83,6 +92,7 @@ impl AdaptiveConfig {
             )?,
             max_excess: p.f64_in("max_excess", Some(2.0), 1.0, 1e6)?,
             ternary: p.bool("ternary", false)?,
+            golomb: p.choice("index", "words", &["words", "golomb"])? == "golomb",
         })
     }
 
@@ -107,6 +117,9 @@ impl fmt::Display for AdaptiveConfig {
         if self.ternary {
             write!(f, ",ternary=true")?;
         }
+        if self.golomb {
+            write!(f, ",index=golomb")?;
+        }
         Ok(())
     }
 }
@@ -125,6 +138,39 @@ pub struct Adaptive {
     /// Per column: (words, mu_pos, mu_neg, mu0 (0 unless ternary)).
     cols: Vec<(u64, f32, f32, f32)>,
     sel: SparseGrad,
+}
+
+/// Decodes `total` Golomb-Rice (M = 16) coded entries of a tensor of `n` elements into
+/// words `(index << 1) | sign`; the stream must fill `bytes` exactly (to the padding byte).
+fn golomb_words(bytes: &[u8], total: usize, n: usize) -> Result<Vec<u64>, DecodeError> {
+    let mut r = BitReader::new(bytes);
+    let mut words = Vec::with_capacity(total);
+    let mut next = 0u64;
+    for _ in 0..total {
+        let mut q = 0u64;
+        while r.get(1)? == 1 {
+            q += 1;
+            if q > (n as u64 >> 4) {
+                return Err(DecodeError::InvalidField {
+                    field: "gap",
+                    reason: "index gap beyond the tensor",
+                });
+            }
+        }
+        let i = next + (q << 4) + u64::from(r.get(4)?);
+        if i >= n as u64 {
+            return Err(DecodeError::IndexOutOfRange { index: i, len: n });
+        }
+        words.push((i << 1) | u64::from(r.get(1)?));
+        next = i + 1;
+    }
+    if r.bytes_used() != bytes.len() {
+        return Err(DecodeError::InvalidField {
+            field: "length",
+            reason: "bytes after the Golomb-Rice stream",
+        });
+    }
+    Ok(words)
 }
 
 fn wide(n: usize) -> bool {
@@ -289,6 +335,28 @@ impl Codec for Adaptive {
                 out.extend_from_slice(&m0.to_le_bytes());
             }
         }
+        if self.cfg.golomb {
+            let mut bits = BitWriter::new(out);
+            let mut next = 0u32;
+            for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+                let gap = i - next;
+                let mut q = gap >> 4;
+                while q >= 32 {
+                    bits.put(u32::MAX, 32);
+                    q -= 32;
+                }
+                if q > 0 {
+                    bits.put((1u32 << q) - 1, q);
+                }
+                bits.put(0, 1);
+                bits.put(gap & 15, 4);
+                bits.put(u32::from(v < 0.0), 1);
+                next = i + 1;
+            }
+            bits.finish();
+            self.sel = sel;
+            return;
+        }
         for (&i, &v) in sel.indices.iter().zip(&sel.values) {
             let word = (u64::from(i) << 1) | u64::from(v < 0.0);
             if w == 8 {
@@ -352,10 +420,17 @@ impl Codec for Adaptive {
                 reason: "more words than elements",
             });
         }
-        check_len(words_at + w * total as usize, payload.len())?;
+        let golomb = if self.cfg.golomb {
+            golomb_words(&payload[words_at..], total as usize, n)?
+        } else {
+            check_len(words_at + w * total as usize, payload.len())?;
+            Vec::new()
+        };
         let word = |j: usize| -> u64 {
             let at = words_at + w * j;
-            if w == 8 {
+            if self.cfg.golomb {
+                golomb[j]
+            } else if w == 8 {
                 read_u64(payload, at).unwrap_or(0)
             } else {
                 u64::from(read_u32(payload, at).unwrap_or(0))
@@ -575,6 +650,50 @@ mod tests {
         assert!(tern.decode_add(&bad, &mut td).is_err());
         // A plain payload is not a ternary one.
         assert!(tern.decode_add(&pb, &mut td).is_err());
+    }
+
+    /// `index=golomb` against a hand-coded stream (M = 16: gap 3 = `0 0011`, sign 0; gap 21 =
+    /// `10 0101`, sign 1; zero padding) and against the word coding: same decode, fewer
+    /// bytes; every truncation refused.
+    #[test]
+    fn golomb_rice_gaps_match_a_hand_coded_stream_and_the_words() {
+        assert_eq!(
+            golomb_words(&[0x1A, 0x58], 2, 40).unwrap(),
+            vec![3 << 1, (25 << 1) | 1]
+        );
+        assert!(
+            golomb_words(&[0x1A, 0x58, 0], 2, 40).is_err(),
+            "trailing byte"
+        );
+        assert!(golomb_words(&[0x1A], 2, 40).is_err(), "truncated");
+        assert!(
+            golomb_words(&[0x1A, 0x58], 2, 25).is_err(),
+            "index beyond n"
+        );
+        assert!(golomb_words(&[0xff; 8], 1, 40).is_err(), "gap beyond n");
+        for spec in [
+            "adaptive:pi=0.05,column=100",
+            "adaptive:pi=0.05,column=100,ternary=true",
+        ] {
+            let g = grad(1000, 5);
+            let mut words = codec(spec, vec![300, 700]);
+            let mut rice = codec(&format!("{spec},index=golomb"), vec![300, 700]);
+            let (mut wb, mut rb) = (Vec::new(), Vec::new());
+            words.encode(&g, &mut wb);
+            rice.encode(&g, &mut rb);
+            assert!(rb.len() < wb.len(), "{spec}: {} vs {}", rb.len(), wb.len());
+            let (mut wd, mut rd) = (vec![0f32; 1000], vec![0f32; 1000]);
+            words.decode_add(&wb, &mut wd).unwrap();
+            rice.decode_add(&rb, &mut rd).unwrap();
+            assert_eq!(wd, rd, "{spec}");
+            assert_eq!(words.residual(), rice.residual());
+            for cut in 0..rb.len() {
+                assert!(
+                    rice.decode_add(&rb[..cut], &mut rd).is_err(),
+                    "{spec} cut {cut}"
+                );
+            }
+        }
     }
 
     #[test]
