@@ -31,12 +31,17 @@ use crate::records::{append_jsonl, EpochRecord, RunRecord};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MomentumMode {
-    /// On for every codec when the optimizer is SGD with momentum (DGC owns its momentum).
+    /// The papers' choice: the optimizer applies momentum after aggregation for every codec
+    /// (1-bit, Strom, Dryden, Aji, QSGD, TernGrad), except DGC, whose momentum correction is
+    /// part of the method (the codec owns its momentum).
     #[default]
     Auto,
-    /// On (same rule as auto).
+    /// DGC's momentum correction for every codec (needs SGD with momentum): each worker
+    /// folds momentum into its gradient before the codec, with momentum factor masking for
+    /// the sparsifying codecs, and the optimizer keeps momentum for weight decay only.
     On,
-    /// Momentum applied by the optimizer after decompression.
+    /// Momentum applied by the optimizer after aggregation (same as auto except for DGC,
+    /// which always owns its momentum).
     Off,
 }
 
@@ -87,11 +92,13 @@ pub struct TrainArgs {
     /// step drawn as FILE with the extension `.png`.
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
-    /// Momentum correction (DGC, section 3.2): each worker folds SGD's momentum into its
-    /// gradient before the codec, and the optimizer steps without momentum. `auto` (and `on`)
-    /// use it for every codec when the optimizer is SGD with momentum (it fixed the biased
-    /// codecs and helped the unbiased ones: QSGD-4 and TernGrad gained 1.3 and 2.2 points on
-    /// LeNet); DGC always owns its momentum. `off` applies momentum after decompression.
+    /// Momentum correction (DGC, sections 3.2 and 3.3). `auto` (the default) follows each
+    /// paper: the optimizer applies momentum after aggregation for every codec but DGC,
+    /// whose momentum correction is part of the method. `on` uses it for every codec (SGD
+    /// with momentum only): each worker folds momentum into its gradient before the codec,
+    /// zeroes it where a sparsifying codec sent (momentum factor masking), and the optimizer
+    /// keeps momentum for weight decay alone (the DGC reference optimizer). `off` equals
+    /// `auto` (DGC always owns its momentum).
     #[arg(long, value_enum)]
     pub momentum_correction: Option<MomentumMode>,
     /// Run DGC under an adaptive optimizer (Adam, Adagrad) anyway. Refused by default: the
@@ -309,7 +316,7 @@ impl TrainArgs {
         if workers == 0 || (host.launched.is_none() && workers > 64) {
             bail!("--workers must be between 1 and 64");
         }
-        let codec = match &self.codec {
+        let mut codec = match &self.codec {
             Some(c) => c.clone(),
             None => from_file(name, "codec", file.codec)?
                 .unwrap_or(CodecConfig::None(gradwire_codec::CastConfig::default())),
@@ -356,11 +363,10 @@ impl TrainArgs {
         if let Some(lr) = self.lr.or(file.lr) {
             optimizer.lr = lr;
         }
-        let correct = self
+        let mode = self
             .momentum_correction
             .or(file.momentum_correction)
-            .unwrap_or_default()
-            != MomentumMode::Off;
+            .unwrap_or_default();
         let mut momentum_correction = None;
         let allow_adaptive = self.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true);
         if codec.id() == CodecId::Dgc
@@ -374,7 +380,7 @@ impl TrainArgs {
                  pass --allow-dgc-adaptive to run it anyway"
             );
         }
-        if self.momentum_correction.or(file.momentum_correction) == Some(MomentumMode::On)
+        if mode == MomentumMode::On
             && codec.id() != CodecId::Dgc
             && optimizer.sgd_momentum().is_none()
         {
@@ -383,12 +389,27 @@ impl TrainArgs {
                  from, and the optimizer is {optimizer}"
             );
         }
-        if codec.id() == CodecId::Dgc {
-            // DGC owns momentum (momentum correction): the optimizer step is plain SGD.
-            optimizer = optimizer.without_momentum();
-        } else if correct && codec.id() != CodecId::None {
+        if mode == MomentumMode::On && matches!(&codec, CodecConfig::Adaptive(a) if a.ternary) {
+            bail!(
+                "--momentum-correction on masks the momentum where the codec sent, and \
+                 adaptive with ternary=true sends every entry (its mask would erase the \
+                 momentum): use ternary=false or --momentum-correction auto"
+            );
+        }
+        if let CodecConfig::Dgc(d) = &mut codec {
+            // DGC owns momentum (momentum correction): the optimizer adds the aggregated
+            // update as it is and keeps DGC's momentum for weight decay alone.
+            optimizer = optimizer.momentum_corrected(Some((d.momentum, d.nesterov)));
+            // Local gradient clipping (DGC section 3.3): a training that clips at C clips
+            // each worker's gradient at C / sqrt(N) before accumulation instead of the sum.
+            if d.clip == 0.0 {
+                if let Some(c) = optimizer.clip_norm.take() {
+                    d.clip = c;
+                }
+            }
+        } else if mode == MomentumMode::On && codec.id() != CodecId::None {
             momentum_correction = optimizer.sgd_momentum();
-            optimizer = optimizer.without_momentum();
+            optimizer = optimizer.momentum_corrected(None);
         }
         optimizer.validate()?;
         let local = host.launched.map_or(workers, |(_, local)| local);
@@ -553,6 +574,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             .map(|(beta, nesterov)| MomentumConfig {
                 beta: beta as f32,
                 nesterov,
+                masking: true,
             }),
         fusion_bytes: plan.fusion_bytes,
         seed: plan.train.seed,
@@ -851,7 +873,39 @@ mod tests {
 
     #[test]
     fn momentum_correction_moves_momentum_out_of_the_optimizer() {
-        let p = args(&["--codec", "qsgd"])
+        // The papers' default: the optimizer keeps momentum for every codec but DGC.
+        for codec in [
+            "qsgd",
+            "onebit",
+            "threshold:tau=0.01",
+            "adaptive",
+            "topk",
+            "terngrad",
+        ] {
+            let p = args(&["--codec", codec])
+                .unwrap()
+                .merge(TrainFile::default(), "", ALONE)
+                .unwrap();
+            assert_eq!(p.momentum_correction, None, "{codec}");
+            assert_eq!(
+                p.train.optimizer.sgd_momentum(),
+                Some((0.9, false)),
+                "{codec}"
+            );
+        }
+        let p = args(&["--codec", "dgc:momentum=0.8"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert_eq!(p.momentum_correction, None, "DGC's codec owns its momentum");
+        assert_eq!(p.train.optimizer.sgd_momentum(), None);
+        assert!(
+            p.train.optimizer.to_string().contains("momentum=0.8")
+                && p.train.optimizer.to_string().contains("corrected"),
+            "weight decay takes DGC's momentum: {}",
+            p.train.optimizer
+        );
+        let p = args(&["--codec", "qsgd", "--momentum-correction", "on"])
             .unwrap()
             .merge(TrainFile::default(), "", ALONE)
             .unwrap();
@@ -863,7 +917,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.momentum_correction, None);
         assert_eq!(p.train.optimizer.sgd_momentum(), Some((0.9, false)));
-        let p = args(&[])
+        let p = args(&["--momentum-correction", "on"])
             .unwrap()
             .merge(TrainFile::default(), "", ALONE)
             .unwrap();
@@ -884,6 +938,50 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("momentum"), "{e}");
+        let e = args(&[
+            "--codec",
+            "adaptive:ternary=true",
+            "--momentum-correction",
+            "on",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("ternary"), "{e}");
+    }
+
+    #[test]
+    fn dgc_clips_locally_where_the_optimizer_would_clip_the_sum() {
+        let p = args(&[
+            "--codec",
+            "dgc",
+            "--optimizer",
+            "sgd:lr=0.1,momentum=0.9,clip=5",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap();
+        assert_eq!(p.train.optimizer.clip_norm, None);
+        assert!(p.codec.to_string().contains("clip=5"), "{}", p.codec);
+        let p = args(&["--codec", "dgc:clip=2", "--optimizer", "sgd:lr=0.1,clip=5"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert_eq!(
+            p.train.optimizer.clip_norm,
+            Some(5.0),
+            "an explicit clip wins"
+        );
+        assert!(p.codec.to_string().contains("clip=2"), "{}", p.codec);
+        let p = args(&["--codec", "dgc"])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+        assert!(
+            p.codec.to_string().contains("clip=0"),
+            "no clip without one to scale"
+        );
     }
 
     #[test]

@@ -19,6 +19,16 @@
 //! each tensor one column (this codec's behaviour before shapes were known), `column=N` uses
 //! runs of `N`.
 //!
+//! Ternary reconstruction (`ternary=true`, off by default; LBANN's optional variant): each
+//! column also sends a third value `mu0`, the mean of the entries it did not send, and every
+//! unsent entry decodes to `mu0` instead of 0 (the residual keeps `x - mu0` there). The
+//! message is then dense in effect (4 more bytes per column, every entry reconstructed).
+//!
+//! Golomb-Rice index coding (`index=golomb`, off by default; LBANN's option, `M = 16`): the
+//! words become one MSB-first bit stream, zero-padded to a byte, holding per sent entry the
+//! gap to the previous sent index (`index - previous - 1`, the first counted from -1) as
+//! `q = gap / 16` one-bits, a zero, the 4-bit remainder, then the sign bit (1 = `-mu_neg`).
+//!
 //! Message size is bounded: when sampling under-estimated the thresholds and
 //! more than `max_excess * pi * len` entries of a column qualify, only that many (the largest
 //! `|x|`) are sent and the rest go back to the residual.
@@ -28,7 +38,9 @@
 //! 0..12   Header (codec id 5 = adaptive, element count n)
 //! 12..16  ncols u32
 //! 16..    ncols column records of 16 bytes: count u64 (words of this column),
-//!         mu_pos f32, mu_neg f32 (finite, >= 0)
+//!         mu_pos f32, mu_neg f32 (finite, >= 0); with ternary=true 20 bytes, then mu0 f32
+//!         (finite), and ncols must be the decoder's column count with every word inside
+//!         its column
 //! then    sum(count) words, (index << 1) | sign (sign 1 = -mu_neg, 0 = +mu_pos), in column
 //!         order; flat indices strictly increasing over the payload, < n. u32 words when
 //!         n <= 2^31, u64 words for larger tensors
@@ -41,6 +53,7 @@ use std::ops::Range;
 
 use rand::Rng;
 
+use crate::elias::{BitReader, BitWriter};
 use crate::onebit::UNKNOWN_SHAPE_RUN;
 use crate::sparse::{check_len, cut_to_k, k_for, read_f32, read_u32, read_u64};
 use crate::{
@@ -51,7 +64,8 @@ use crate::{
 /// LBANN's default proportion: one in 64 values.
 pub const DEFAULT_PI: f64 = 1.0 / 64.0;
 
-/// Parameters of `adaptive:pi=0.015625[,column=shape][,max_excess=2]`.
+/// Parameters of `adaptive:pi=0.015625[,column=shape][,max_excess=2][,ternary=false]
+/// [,index=words|golomb]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveConfig {
     /// Proportion of positive (and of negative) entries sent, in (0, 0.5] (default 1/64).
@@ -60,10 +74,14 @@ pub struct AdaptiveConfig {
     pub column: Columns,
     /// Cap per column, as a multiple of `pi * len` (default 2, at least 1).
     pub max_excess: f64,
+    /// Ternary reconstruction: unsent entries decode to their column's mean (default off).
+    pub ternary: bool,
+    /// Golomb-Rice coding (M = 16) of the index gaps instead of 32-bit words (default off).
+    pub golomb: bool,
 }
 
 impl AdaptiveConfig {
-    /// Reads `pi`, `column`, `max_excess`.
+    /// Reads `pi`, `column`, `max_excess`, `ternary`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         Ok(AdaptiveConfig {
             pi: p.f64_in("pi", Some(DEFAULT_PI), 1e-9, 0.5)?,
@@ -73,6 +91,8 @@ impl AdaptiveConfig {
                 UNKNOWN_SHAPE_RUN,
             )?,
             max_excess: p.f64_in("max_excess", Some(2.0), 1.0, 1e6)?,
+            ternary: p.bool("ternary", false)?,
+            golomb: p.choice("index", "words", &["words", "golomb"])? == "golomb",
         })
     }
 
@@ -93,7 +113,14 @@ impl fmt::Display for AdaptiveConfig {
             f,
             "pi={},column={},max_excess={}",
             self.pi, self.column, self.max_excess
-        )
+        )?;
+        if self.ternary {
+            write!(f, ",ternary=true")?;
+        }
+        if self.golomb {
+            write!(f, ",index=golomb")?;
+        }
+        Ok(())
     }
 }
 
@@ -108,9 +135,42 @@ pub struct Adaptive {
     sample: Vec<f32>,
     cand: Vec<u32>,
     scratch: Vec<u32>,
-    /// Per column: (words, mu_pos, mu_neg).
-    cols: Vec<(u64, f32, f32)>,
+    /// Per column: (words, mu_pos, mu_neg, mu0 (0 unless ternary)).
+    cols: Vec<(u64, f32, f32, f32)>,
     sel: SparseGrad,
+}
+
+/// Decodes `total` Golomb-Rice (M = 16) coded entries of a tensor of `n` elements into
+/// words `(index << 1) | sign`; the stream must fill `bytes` exactly (to the padding byte).
+fn golomb_words(bytes: &[u8], total: usize, n: usize) -> Result<Vec<u64>, DecodeError> {
+    let mut r = BitReader::new(bytes);
+    let mut words = Vec::with_capacity(total);
+    let mut next = 0u64;
+    for _ in 0..total {
+        let mut q = 0u64;
+        while r.get(1)? == 1 {
+            q += 1;
+            if q > (n as u64 >> 4) {
+                return Err(DecodeError::InvalidField {
+                    field: "gap",
+                    reason: "index gap beyond the tensor",
+                });
+            }
+        }
+        let i = next + (q << 4) + u64::from(r.get(4)?);
+        if i >= n as u64 {
+            return Err(DecodeError::IndexOutOfRange { index: i, len: n });
+        }
+        words.push((i << 1) | u64::from(r.get(1)?));
+        next = i + 1;
+    }
+    if r.bytes_used() != bytes.len() {
+        return Err(DecodeError::InvalidField {
+            field: "length",
+            reason: "bytes after the Golomb-Rice stream",
+        });
+    }
+    Ok(words)
 }
 
 fn wide(n: usize) -> bool {
@@ -141,6 +201,15 @@ impl Adaptive {
             scratch: Vec::new(),
             cols: Vec::new(),
             sel: SparseGrad::default(),
+        }
+    }
+
+    /// Bytes of one column record on the wire.
+    fn record_len(&self) -> usize {
+        if self.cfg.ternary {
+            20
+        } else {
+            16
         }
     }
 
@@ -215,6 +284,23 @@ impl Adaptive {
             }
             let mu_p = if np > 0 { (sp / np as f64) as f32 } else { 0.0 };
             let mu_n = if nn > 0 { (sn / nn as f64) as f32 } else { 0.0 };
+            let unsent = len - self.cand.len();
+            let mu_0 = if self.cfg.ternary && unsent > 0 {
+                let all: f64 = x.iter().map(|&v| f64::from(v)).sum();
+                let mean = ((all - (sp - sn)) / unsent as f64) as f32;
+                // Every unsent entry keeps x - mu0 (the candidates are sorted).
+                let mut next = self.cand.iter().peekable();
+                for (i, r) in x.iter_mut().enumerate() {
+                    if next.peek().is_some_and(|&&c| c as usize == i) {
+                        next.next();
+                    } else {
+                        *r -= mean;
+                    }
+                }
+                mean
+            } else {
+                0.0
+            };
             for &i in &self.cand {
                 let r = &mut x[i as usize];
                 let s = if *r > 0.0 { mu_p } else { -mu_n };
@@ -222,7 +308,7 @@ impl Adaptive {
                 out.indices.push(col.start as u32 + i);
                 out.values.push(s);
             }
-            self.cols.push((self.cand.len() as u64, mu_p, mu_n));
+            self.cols.push((self.cand.len() as u64, mu_p, mu_n, mu_0));
         }
     }
 }
@@ -238,12 +324,38 @@ impl Codec for Adaptive {
         let n = grad.len();
         Header::write(out, CodecId::Adaptive, n);
         let w = if wide(n) { 8 } else { 4 };
-        out.reserve(4 + 16 * self.cols.len() + w * sel.indices.len());
+        let rec = self.record_len();
+        out.reserve(4 + rec * self.cols.len() + w * sel.indices.len());
         out.extend_from_slice(&(self.cols.len() as u32).to_le_bytes());
-        for &(count, mp, mn) in &self.cols {
+        for &(count, mp, mn, m0) in &self.cols {
             out.extend_from_slice(&count.to_le_bytes());
             out.extend_from_slice(&mp.to_le_bytes());
             out.extend_from_slice(&mn.to_le_bytes());
+            if self.cfg.ternary {
+                out.extend_from_slice(&m0.to_le_bytes());
+            }
+        }
+        if self.cfg.golomb {
+            let mut bits = BitWriter::new(out);
+            let mut next = 0u32;
+            for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+                let gap = i - next;
+                let mut q = gap >> 4;
+                while q >= 32 {
+                    bits.put(u32::MAX, 32);
+                    q -= 32;
+                }
+                if q > 0 {
+                    bits.put((1u32 << q) - 1, q);
+                }
+                bits.put(0, 1);
+                bits.put(gap & 15, 4);
+                bits.put(u32::from(v < 0.0), 1);
+                next = i + 1;
+            }
+            bits.finish();
+            self.sel = sel;
+            return;
         }
         for (&i, &v) in sel.indices.iter().zip(&sel.values) {
             let word = (u64::from(i) << 1) | u64::from(v < 0.0);
@@ -261,17 +373,31 @@ impl Codec for Adaptive {
         Header::check(payload, CodecId::Adaptive, n)?;
         let ncols = read_u32(payload, HEADER_LEN)? as usize;
         let w = if wide(n) { 8 } else { 4 };
+        let rec = self.record_len();
         let body = HEADER_LEN + 4;
-        if (payload.len() - body) / 16 < ncols {
+        if (payload.len() - body) / rec < ncols {
             return Err(DecodeError::Truncated {
-                need: body.saturating_add(ncols.saturating_mul(16)),
+                need: body.saturating_add(ncols.saturating_mul(rec)),
                 have: payload.len(),
             });
         }
-        let words_at = body + 16 * ncols;
+        // Ternary: the columns must be the decoder's (unsent entries decode to mu0).
+        let ranges = if self.cfg.ternary {
+            let r = self.columns(n);
+            if r.len() != ncols {
+                return Err(DecodeError::InvalidField {
+                    field: "ncols",
+                    reason: "column count differs from the decoder's columns",
+                });
+            }
+            r
+        } else {
+            Vec::new()
+        };
+        let words_at = body + rec * ncols;
         let mut total = 0u64;
         for c in 0..ncols {
-            let at = body + 16 * c;
+            let at = body + rec * c;
             total = total.saturating_add(read_u64(payload, at)?);
             for mu in [read_f32(payload, at + 8)?, read_f32(payload, at + 12)?] {
                 if !(mu.is_finite() && mu >= 0.0) {
@@ -281,6 +407,12 @@ impl Codec for Adaptive {
                     });
                 }
             }
+            if self.cfg.ternary && !read_f32(payload, at + 16)?.is_finite() {
+                return Err(DecodeError::InvalidField {
+                    field: "mu0",
+                    reason: "unsent reconstruction value not finite",
+                });
+            }
         }
         if total > n as u64 {
             return Err(DecodeError::InvalidField {
@@ -288,39 +420,76 @@ impl Codec for Adaptive {
                 reason: "more words than elements",
             });
         }
-        check_len(words_at + w * total as usize, payload.len())?;
+        let golomb = if self.cfg.golomb {
+            golomb_words(&payload[words_at..], total as usize, n)?
+        } else {
+            check_len(words_at + w * total as usize, payload.len())?;
+            Vec::new()
+        };
         let word = |j: usize| -> u64 {
             let at = words_at + w * j;
-            if w == 8 {
+            if self.cfg.golomb {
+                golomb[j]
+            } else if w == 8 {
                 read_u64(payload, at).unwrap_or(0)
             } else {
                 u64::from(read_u32(payload, at).unwrap_or(0))
             }
         };
         let mut next = 0u64;
-        for j in 0..total as usize {
-            let i = word(j) >> 1;
-            if i >= n as u64 {
-                return Err(DecodeError::IndexOutOfRange { index: i, len: n });
+        let mut j = 0usize;
+        for c in 0..ncols {
+            let count = read_u64(payload, body + rec * c)? as usize;
+            for _ in 0..count {
+                let i = word(j) >> 1;
+                if i >= n as u64 {
+                    return Err(DecodeError::IndexOutOfRange { index: i, len: n });
+                }
+                if i < next {
+                    return Err(DecodeError::InvalidField {
+                        field: "index",
+                        reason: "indices not strictly increasing",
+                    });
+                }
+                if let Some(r) = ranges.get(c) {
+                    if !r.contains(&(i as usize)) {
+                        return Err(DecodeError::InvalidField {
+                            field: "index",
+                            reason: "word outside its column",
+                        });
+                    }
+                }
+                next = i + 1;
+                j += 1;
             }
-            if i < next {
-                return Err(DecodeError::InvalidField {
-                    field: "index",
-                    reason: "indices not strictly increasing",
-                });
-            }
-            next = i + 1;
         }
         let mut j = 0usize;
         for c in 0..ncols {
-            let at = body + 16 * c;
+            let at = body + rec * c;
             let count = read_u64(payload, at)? as usize;
             let mp = read_f32(payload, at + 8)?;
             let mn = read_f32(payload, at + 12)?;
-            for _ in 0..count {
-                let x = word(j);
-                acc[(x >> 1) as usize] += if x & 1 == 1 { -mn } else { mp };
-                j += 1;
+            let value = |x: u64| if x & 1 == 1 { -mn } else { mp };
+            match ranges.get(c) {
+                Some(r) => {
+                    let m0 = read_f32(payload, at + 16)?;
+                    let end = j + count;
+                    for i in r.clone() {
+                        if j < end && (word(j) >> 1) as usize == i {
+                            acc[i] += value(word(j));
+                            j += 1;
+                        } else {
+                            acc[i] += m0;
+                        }
+                    }
+                }
+                None => {
+                    for _ in 0..count {
+                        let x = word(j);
+                        acc[(x >> 1) as usize] += value(x);
+                        j += 1;
+                    }
+                }
             }
         }
         Ok(())
@@ -426,6 +595,105 @@ mod tests {
         c.encode(&grad(n, 9), &mut a);
         d.encode(&grad(n, 9), &mut b);
         assert_eq!(a, b);
+    }
+
+    /// `ternary=true` against a naive reference: the same selection as without it (same
+    /// sample stream), the sent entries decode to the same `+-mu`, every unsent entry to the
+    /// mean of its column's unsent inputs, the residual holds the rest exactly, and the
+    /// message grows by 4 bytes per column.
+    #[test]
+    fn ternary_sends_the_unsent_mean_as_a_third_value() {
+        let n = 1000;
+        let g = grad(n, 3);
+        let mut plain = codec("adaptive:pi=0.05,column=100", vec![300, 700]);
+        let mut tern = codec("adaptive:pi=0.05,column=100,ternary=true", vec![300, 700]);
+        let (mut pb, mut tb) = (Vec::new(), Vec::new());
+        plain.encode(&g, &mut pb);
+        tern.encode(&g, &mut tb);
+        assert_eq!(tb.len(), pb.len() + 4 * 10);
+        let (mut pd, mut td) = (vec![0f32; n], vec![0f32; n]);
+        plain.decode_add(&pb, &mut pd).unwrap();
+        tern.decode_add(&tb, &mut td).unwrap();
+        let mut unsent_total = 0;
+        for c in 0..10 {
+            let col = c * 100..(c + 1) * 100;
+            let unsent: Vec<usize> = col.clone().filter(|&i| pd[i] == 0.0).collect();
+            assert!(!unsent.is_empty() && unsent.len() < 100);
+            unsent_total += unsent.len();
+            let mean = unsent.iter().map(|&i| f64::from(g[i])).sum::<f64>() / unsent.len() as f64;
+            for i in col {
+                if pd[i] != 0.0 {
+                    assert_eq!(td[i], pd[i], "sent entry {i}");
+                } else {
+                    assert!(
+                        (f64::from(td[i]) - mean).abs() < 1e-6,
+                        "{i}: {} vs {mean}",
+                        td[i]
+                    );
+                }
+            }
+        }
+        assert!(unsent_total > 500);
+        for i in 0..n {
+            assert!(
+                (g[i] - (td[i] + tern.residual()[i])).abs() < 1e-6,
+                "error feedback loses signal at {i}"
+            );
+        }
+        // A column count other than the decoder's, or a non-finite mu0: refused.
+        let mut bad = tb.clone();
+        bad[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&9u32.to_le_bytes());
+        assert!(tern.decode_add(&bad, &mut td).is_err());
+        let mut bad = tb.clone();
+        let at = HEADER_LEN + 4 + 16;
+        bad[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(tern.decode_add(&bad, &mut td).is_err());
+        // A plain payload is not a ternary one.
+        assert!(tern.decode_add(&pb, &mut td).is_err());
+    }
+
+    /// `index=golomb` against a hand-coded stream (M = 16: gap 3 = `0 0011`, sign 0; gap 21 =
+    /// `10 0101`, sign 1; zero padding) and against the word coding: same decode, fewer
+    /// bytes; every truncation refused.
+    #[test]
+    fn golomb_rice_gaps_match_a_hand_coded_stream_and_the_words() {
+        assert_eq!(
+            golomb_words(&[0x1A, 0x58], 2, 40).unwrap(),
+            vec![3 << 1, (25 << 1) | 1]
+        );
+        assert!(
+            golomb_words(&[0x1A, 0x58, 0], 2, 40).is_err(),
+            "trailing byte"
+        );
+        assert!(golomb_words(&[0x1A], 2, 40).is_err(), "truncated");
+        assert!(
+            golomb_words(&[0x1A, 0x58], 2, 25).is_err(),
+            "index beyond n"
+        );
+        assert!(golomb_words(&[0xff; 8], 1, 40).is_err(), "gap beyond n");
+        for spec in [
+            "adaptive:pi=0.05,column=100",
+            "adaptive:pi=0.05,column=100,ternary=true",
+        ] {
+            let g = grad(1000, 5);
+            let mut words = codec(spec, vec![300, 700]);
+            let mut rice = codec(&format!("{spec},index=golomb"), vec![300, 700]);
+            let (mut wb, mut rb) = (Vec::new(), Vec::new());
+            words.encode(&g, &mut wb);
+            rice.encode(&g, &mut rb);
+            assert!(rb.len() < wb.len(), "{spec}: {} vs {}", rb.len(), wb.len());
+            let (mut wd, mut rd) = (vec![0f32; 1000], vec![0f32; 1000]);
+            words.decode_add(&wb, &mut wd).unwrap();
+            rice.decode_add(&rb, &mut rd).unwrap();
+            assert_eq!(wd, rd, "{spec}");
+            assert_eq!(words.residual(), rice.residual());
+            for cut in 0..rb.len() {
+                assert!(
+                    rice.decode_add(&rb[..cut], &mut rd).is_err(),
+                    "{spec} cut {cut}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -249,6 +249,8 @@ impl CodecConfig {
             "adaptive",
             "adaptive:pi=0.05,column=64,max_excess=1.5",
             "adaptive:column=tensor",
+            "adaptive:pi=0.05,column=64,ternary=true",
+            "adaptive:pi=0.05,column=64,index=golomb",
         ]
         .iter()
         .map(|s| s.parse().expect("example specs parse"))

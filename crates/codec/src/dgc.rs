@@ -6,7 +6,13 @@
 //! `param -= lr * mean` (the sum over ranks divided by `world_size`), with no momentum of its
 //! own. Per step, for the gradient `g` of this rank:
 //! 1. *Local gradient clipping* (`clip=C`, off when 0): if `||g||_2 > C / sqrt(N)`
-//!    (`N = world_size`) then `g *= (C / sqrt(N)) / ||g||`.
+//!    (`N = world_size`) then `g *= (C / sqrt(N)) / ||g||`. The paper clips locally with the
+//!    threshold the training would use on the summed gradient, scaled by `N^-1/2`; it has no
+//!    threshold of its own, and the reference code's CNN configurations leave it off
+//!    (`gradient_clipping=None`). So `clip` defaults to 0 here, and `gradwire train` moves
+//!    an optimizer's `clip=C` to DGC's `clip=C` (and off the optimizer), as the paper does.
+//!    Deviation: the engine builds one codec per tensor, so the norm is the tensor's, not
+//!    the worker's whole gradient's (a looser clip).
 //! 2. *Momentum correction*: `u = m*u + g; v = v + u` (`nesterov=true`: `u = m*(u + g);
 //!    v = v + u + g`).
 //! 3. *Sparsification* per tensor of the layout: the `k = ceil(ratio_e * n_t)` largest `|v|`

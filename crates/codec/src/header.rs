@@ -54,6 +54,20 @@ pub enum CodecId {
 }
 
 impl CodecId {
+    /// Whether the codec sends a chosen subset of the entries (Strom's threshold, Dryden's
+    /// adaptive, top-k, random-k, DGC): what momentum factor masking applies to (DGC,
+    /// section 3.2). Every entry it does not send decodes to zero.
+    pub fn sparsifies(self) -> bool {
+        matches!(
+            self,
+            CodecId::Threshold
+                | CodecId::Adaptive
+                | CodecId::TopK
+                | CodecId::RandomK
+                | CodecId::Dgc
+        )
+    }
+
     /// The spec-string name of this codec.
     pub fn name(self) -> &'static str {
         match self {

@@ -158,13 +158,26 @@ pub enum DenseAlgorithm {
 
 /// Momentum correction (Lin et al., DGC, section 3.2) for every all-reduced tensor: each rank
 /// keeps a velocity `u = beta u + g` per tensor and the engine reduces `u` (Nesterov:
-/// `g + beta u`) instead of `g`; the optimizer must then step without momentum.
+/// `g + beta u`) instead of `g`; the optimizer must then step without momentum on the
+/// gradient.
+///
+/// *Momentum factor masking* (`masking`, DGC section 3.2): after a sparsifying codec
+/// ([`gradwire_codec::CodecId::sparsifies`]) encoded a tensor, `u = 0` wherever this rank
+/// sent an entry, so that stale momentum does not push already-applied coordinates again.
+/// "Sent" is read off the codec's own output: the indices of the (index, value) pairs under
+/// [`Strategy::Sparse`], the entries this rank's payload decodes to non-zero under
+/// [`Strategy::Gather`]. Under `Stripe` and `Quantized` the codec quantizes slices inside
+/// the collective and nothing is masked (documented deviation). A codec that sends every
+/// entry (`adaptive:ternary=true`) would be masked everywhere: `gradwire train` refuses it
+/// with momentum correction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MomentumConfig {
     /// The momentum factor, in (0, 1).
     pub beta: f32,
     /// Nesterov momentum.
     pub nesterov: bool,
+    /// Momentum factor masking for sparsifying codecs.
+    pub masking: bool,
 }
 
 /// Which tensors a [`Rule`] applies to.

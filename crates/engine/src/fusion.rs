@@ -211,10 +211,11 @@ impl Exec {
                 }
             }
         }
+        let mask = momentum.is_some_and(|m| m.masking);
         match kind {
             Kind::Dense => self.dense(t, items, clock),
-            Kind::Gather => self.gather(t, items, clock),
-            Kind::Sparse => self.sparse(t, items, clock),
+            Kind::Gather => self.gather(t, items, mask, clock),
+            Kind::Sparse => self.sparse(t, items, mask, clock),
             // Strategies whose state belongs to one tensor: each reduces alone.
             Kind::Quantized | Kind::Stripe | Kind::PowerSgd => {
                 clock.mark(Phase::Fuse);
@@ -306,6 +307,7 @@ impl Exec {
         &mut self,
         t: &mut dyn Transport,
         items: &mut [Item<'_>],
+        mask: bool,
         clock: &mut Clock,
     ) -> Result<()> {
         let world = t.world_size();
@@ -344,6 +346,22 @@ impl Exec {
         for it in items.iter_mut() {
             let codec = it.state.codec.as_mut().expect("gather codec");
             codec.encode(it.data, &mut self.payload);
+            if let (true, Some(u)) = (mask && codec.id().sparsifies(), &mut it.state.velocity) {
+                // Momentum factor masking: zero u where this rank's payload sent an entry.
+                self.scratch.clear();
+                self.scratch.resize(it.data.len(), 0.0);
+                codec
+                    .decode_add(&self.payload, &mut self.scratch)
+                    .map_err(|source| gradwire_collective::Error::Decode {
+                        peer: t.rank(),
+                        source,
+                    })?;
+                for (u, &x) in u.iter_mut().zip(&self.scratch) {
+                    if x != 0.0 {
+                        *u = 0.0;
+                    }
+                }
+            }
             self.message
                 .extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
             self.message.extend_from_slice(&self.payload);
@@ -370,6 +388,7 @@ impl Exec {
         &mut self,
         t: &mut dyn Transport,
         items: &mut [Item<'_>],
+        mask: bool,
         clock: &mut Clock,
     ) -> Result<()> {
         let world = t.world_size();
@@ -384,6 +403,14 @@ impl Exec {
                     what: "sparse strategy with a codec that does not sparsify",
                 }
                 .into());
+            }
+            if let (true, Some(u)) = (mask, &mut it.state.velocity) {
+                // Momentum factor masking: zero u at the sent indices.
+                for &i in &self.pairs.indices {
+                    if let Some(u) = u.get_mut(i as usize) {
+                        *u = 0.0;
+                    }
+                }
             }
             self.fused_pairs
                 .indices

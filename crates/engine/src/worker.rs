@@ -107,7 +107,10 @@ pub(crate) fn policy_string(p: &Policy, cfg: &EngineConfig) -> String {
     // The role reaches the codecs (TernGrad's output layer, DGC's 1-D tensors): compared too.
     s.push_str(&format!(" role={:?}", p.tensor.role).to_ascii_lowercase());
     if let Some(m) = &cfg.momentum {
-        s.push_str(&format!("+momentum({},{})", m.beta, m.nesterov));
+        s.push_str(&format!(
+            "+momentum({},{},{})",
+            m.beta, m.nesterov, m.masking
+        ));
     }
     s
 }

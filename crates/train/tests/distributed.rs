@@ -96,6 +96,7 @@ fn run_world_with(
                             momentum: mc.then_some(MomentumConfig {
                                 beta: 0.9,
                                 nesterov: false,
+                                masking: true,
                             }),
                             seed: config.seed,
                             ..EngineConfig::default()

@@ -2,13 +2,22 @@
 //!
 //! ```text
 //! 0      magic  u8  = 0x53 ('S')
-//! 1      kind   u8  = 0 sparse | 1 dense
+//! 1      kind   u8  = 0 sparse | 1 dense | 2 signs
 //! 2..4   zero   u16 (reserved, must be 0)
-//! 4..8   nnz    u32 (sparse: number of pairs; dense: 0)
+//! 4..8   nnz    u32 (sparse, signs: number of entries; dense: 0)
 //! 8..16  len    u64 (the tensor's element count; must equal the receiver's)
 //! sparse: nnz u32 indices (strictly increasing, < len), then nnz f32 values
 //! dense:  len f32 values
+//! signs:  tau f32 (finite, > 0), then nnz u32 words (index << 1) | sign (sign 1 = -tau),
+//!         indices strictly increasing, < len
 //! ```
+//!
+//! *Signs* is Strom's (2015) message: 32 bits per sent element, a 31-bit index and a sign
+//! bit, the value `+-tau` implicit. The encoder writes it whenever every value has the same
+//! magnitude (finite, non-zero) and the tensor has at most `2^31` elements — a threshold
+//! codec's own selection, and sums that stay `+-tau` where index sets do not overlap — and
+//! pairs otherwise; the decoder refuses pairs that should have been signs, so every message
+//! has one encoding.
 //!
 //! [`decode`] checks every field and the exact total length; malformed input is an error
 //! naming the sender, never a panic, and never allocates beyond `len` elements.
@@ -22,6 +31,20 @@ pub const HEADER: usize = 16;
 const MAGIC: u8 = 0x53;
 const SPARSE: u8 = 0;
 const DENSE: u8 = 1;
+const SIGNS: u8 = 2;
+/// Largest tensor whose indices fit the 31 bits of a sign word.
+const SIGN_MAX_LEN: usize = 1 << 31;
+
+/// The common magnitude of `values` when they may travel as sign words: at least one value,
+/// all `+-tau` with the same finite `tau > 0`, and `len <= 2^31`.
+fn sign_magnitude(values: &[f32], len: usize) -> Option<f32> {
+    let tau = values.first()?.abs();
+    (len <= SIGN_MAX_LEN
+        && tau.is_finite()
+        && tau > 0.0
+        && values.iter().all(|v| v.abs().to_bits() == tau.to_bits()))
+    .then_some(tau)
+}
 
 /// A decoded message: sparse pairs or a dense vector.
 pub(crate) enum Kind {
@@ -29,9 +52,20 @@ pub(crate) enum Kind {
     Dense,
 }
 
-/// Writes a sparse message for `s` (tensor length `len`) into `out` (cleared first).
+/// Writes a sparse message for `s` (tensor length `len`) into `out` (cleared first): sign
+/// words when every value is `+-tau`, pairs otherwise.
 pub(crate) fn encode_sparse(s: &SparseGrad, len: usize, out: &mut Vec<u8>) {
     out.clear();
+    if let Some(tau) = sign_magnitude(&s.values, len) {
+        out.reserve(HEADER + 4 + 4 * s.indices.len());
+        header(out, SIGNS, s.indices.len() as u32, len);
+        out.extend_from_slice(&tau.to_le_bytes());
+        for (&i, &v) in s.indices.iter().zip(&s.values) {
+            let word = (i << 1) | u32::from(v.is_sign_negative());
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        return;
+    }
     out.reserve(HEADER + 8 * s.indices.len());
     header(out, SPARSE, s.indices.len() as u32, len);
     out.extend_from_slice(bytemuck::cast_slice(&s.indices));
@@ -103,6 +137,35 @@ pub(crate) fn decode(
                 val.chunks_exact(4)
                     .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
             );
+            if sign_magnitude(&sparse.values, len).is_some() {
+                sparse.clear();
+                return Err(bad("pairs of one magnitude must travel as sign words"));
+            }
+            Ok(Kind::Sparse)
+        }
+        SIGNS => {
+            if nnz == 0 || nnz > len || len > SIGN_MAX_LEN || body.len() != 4 + 4 * nnz {
+                return Err(bad("sign message length disagrees with its word count"));
+            }
+            let tau = f32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+            if !(tau.is_finite() && tau > 0.0) {
+                return Err(bad("sign message magnitude not finite and positive"));
+            }
+            sparse.clear();
+            let mut prev: Option<u32> = None;
+            for c in body[4..].chunks_exact(4) {
+                let w = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+                let i = w >> 1;
+                if (i as usize) >= len || prev.is_some_and(|p| i <= p) {
+                    sparse.clear();
+                    return Err(bad(
+                        "sign word indices out of range or not strictly increasing",
+                    ));
+                }
+                prev = Some(i);
+                sparse.indices.push(i);
+                sparse.values.push(if w & 1 == 1 { -tau } else { tau });
+            }
             Ok(Kind::Sparse)
         }
         DENSE => {
@@ -237,6 +300,70 @@ mod tests {
             Ok(Kind::Dense)
         ));
         assert_eq!(d, [1.0, 2.0]);
+    }
+
+    /// Values of one magnitude travel as Strom's 32-bit sign words (4 bytes an entry, one
+    /// tau), checked against a hand-written message; every truncation and corruption is an
+    /// error or a canonical decode.
+    #[test]
+    fn equal_magnitudes_travel_as_sign_words() {
+        let s = sg(&[(0, 0.5), (3, -0.5), (7, 0.5), (2_000_000_000, -0.5)]);
+        let len = 2_000_000_001;
+        let mut wire = Vec::new();
+        encode_sparse(&s, len, &mut wire);
+        let mut want = vec![0x53u8, 2, 0, 0, 4, 0, 0, 0];
+        want.extend_from_slice(&(len as u64).to_le_bytes());
+        want.extend_from_slice(&0.5f32.to_le_bytes());
+        for w in [0u32, 3 * 2 + 1, 7 * 2, 4_000_000_001] {
+            want.extend_from_slice(&w.to_le_bytes());
+        }
+        assert_eq!(wire, want);
+        assert_eq!(wire.len(), HEADER + 4 + 4 * 4);
+        let (mut got, mut d) = (SparseGrad::default(), Vec::new());
+        assert!(matches!(
+            decode(0, &wire, len, &mut got, &mut d),
+            Ok(Kind::Sparse)
+        ));
+        assert_eq!(got, s);
+        for cut in 0..wire.len() {
+            assert!(decode(1, &wire[..cut], len, &mut got, &mut d).is_err());
+        }
+        for pos in 0..wire.len() {
+            for v in [0u8, 1, 2, 0x53, 0x80, 0xff] {
+                let mut w = wire.clone();
+                w[pos] = v;
+                if fuzz_decode(&w, len).is_ok() {
+                    decode(1, &w, len, &mut got, &mut d).unwrap();
+                }
+            }
+        }
+        // Mixed magnitudes, a zero, or an empty set stay pairs.
+        for pairs in [vec![(1, 0.5), (2, 1.0)], vec![(1, 0.0)], vec![]] {
+            encode_sparse(&sg(&pairs), 10, &mut wire);
+            assert_eq!(wire[1], SPARSE, "{pairs:?}");
+            assert_eq!(wire.len(), HEADER + 8 * pairs.len());
+        }
+        // Pairs that should have been signs, signs with a bad tau or no words: refused.
+        let mut pairs = Vec::new();
+        header(&mut pairs, SPARSE, 2, 10);
+        for x in [1u32, 4] {
+            pairs.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [0.25f32, -0.25] {
+            pairs.extend_from_slice(&x.to_le_bytes());
+        }
+        assert!(decode(5, &pairs, 10, &mut got, &mut d).is_err());
+        for tau in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+            let mut m = Vec::new();
+            header(&mut m, SIGNS, 1, 10);
+            m.extend_from_slice(&tau.to_le_bytes());
+            m.extend_from_slice(&2u32.to_le_bytes());
+            assert!(decode(5, &m, 10, &mut got, &mut d).is_err(), "{tau}");
+        }
+        let mut m = Vec::new();
+        header(&mut m, SIGNS, 0, 10);
+        m.extend_from_slice(&1f32.to_le_bytes());
+        assert!(decode(5, &m, 10, &mut got, &mut d).is_err());
     }
 
     #[test]

@@ -241,3 +241,27 @@ fn sparse_every_sparsifying_codec() {
     }
     println!("sparse all-reduce tested with {tested} sparsifying codec configs");
 }
+
+/// Strom's threshold codec through the sparse all-reduce travels as Strom's message: on two
+/// ranks each sends one message of 32 bits per selected element (plus the 16-byte header
+/// and the 4-byte tau), half of what (index, value) pairs cost.
+#[test]
+fn threshold_travels_as_32_bit_sign_words() {
+    let len = 1000;
+    let cfg: CodecConfig = "threshold:tau=9".parse().unwrap();
+    let got = run_world(local_world(2), |t| {
+        let mut codec = cfg.build(&ctx(t.rank(), 2, 0));
+        let mut mine = SparseGrad::default();
+        let g = grad(t.rank(), 0, len);
+        assert!(cfg.build(&ctx(t.rank(), 2, 0)).encode_sparse(&g, &mut mine));
+        let mut b = g;
+        SparseAllReduce::new()
+            .all_reduce(t, &mut *codec, &mut b, Reduce::Sum)
+            .unwrap();
+        (mine.indices.len(), t.bytes_sent())
+    });
+    for (count, bytes) in got {
+        assert!(count > 0 && count * 3 < len, "{count} selected");
+        assert_eq!(bytes, 16 + 4 + 4 * count as u64);
+    }
+}

@@ -22,6 +22,14 @@ pub enum OptimizerKind {
         dampening: f64,
         /// Nesterov momentum (needs momentum > 0 and dampening 0).
         nesterov: bool,
+        /// The gradient arrives momentum-corrected (DGC's momentum correction, in the codec
+        /// or the engine): `momentum`, `nesterov` and `dampening` then apply to the weight
+        /// decay term alone, with its own buffer, and the gradient is added as it is — the
+        /// DGC reference optimizer (`DGCSGD` in synxlin/deep-gradient-compression):
+        /// `b = m b + (1 - dampening) wd p` (first step `b = wd p`), `d = g + b` (Nesterov:
+        /// `g + wd p + m b`), `p -= lr d`. Spec key `corrected`.
+        #[serde(default)]
+        corrected: bool,
     },
     /// Adam (Kingma and Ba) with PyTorch's bias correction; `decoupled` gives AdamW.
     Adam {
@@ -91,6 +99,7 @@ impl OptimizerConfig {
                 momentum,
                 dampening: 0.0,
                 nesterov: false,
+                corrected: false,
             },
             lr,
             weight_decay: 0.0,
@@ -124,24 +133,38 @@ impl OptimizerConfig {
         }
     }
 
-    /// SGD's momentum factor and Nesterov flag, when this is SGD with momentum.
+    /// SGD's momentum factor and Nesterov flag, when this is SGD applying momentum to the
+    /// gradient (not [`OptimizerKind::Sgd::corrected`]).
     pub fn sgd_momentum(&self) -> Option<(f64, bool)> {
         match self.kind {
             OptimizerKind::Sgd {
-                momentum, nesterov, ..
+                momentum,
+                nesterov,
+                corrected: false,
+                ..
             } if momentum > 0.0 => Some((momentum, nesterov)),
             _ => None,
         }
     }
 
-    /// The same settings with momentum removed (for codecs such as DGC that own momentum).
-    pub fn without_momentum(mut self) -> Self {
+    /// The same settings for a gradient that arrives momentum-corrected (DGC, or
+    /// `--momentum-correction on`): SGD keeps `momentum` (and Nesterov) for the weight decay
+    /// term alone, with its own buffer, as the DGC reference optimizer does; `momentum`
+    /// replaces the optimizer's factor when given (DGC's codec momentum). Other optimizers
+    /// are returned unchanged.
+    pub fn momentum_corrected(mut self, momentum: Option<(f64, bool)>) -> Self {
         if let OptimizerKind::Sgd {
-            momentum, nesterov, ..
+            momentum: m,
+            nesterov,
+            corrected,
+            ..
         } = &mut self.kind
         {
-            *momentum = 0.0;
-            *nesterov = false;
+            if let Some((f, n)) = momentum {
+                *m = f;
+                *nesterov = n && f > 0.0;
+            }
+            *corrected = true;
         }
         self
     }
@@ -165,6 +188,7 @@ impl OptimizerConfig {
                 momentum,
                 dampening,
                 nesterov,
+                ..
             } => {
                 if !(0.0..1.0).contains(&momentum) {
                     return bad(format!("momentum {momentum} must be in [0, 1)"));
@@ -220,7 +244,7 @@ impl FromStr for OptimizerConfig {
     type Err = Error;
 
     /// `NAME[:key=value,...]` with NAME `sgd`, `nesterov`, `adam`, `adamw` or `adagrad`;
-    /// keys `lr`, `momentum`, `dampening`, `nesterov[=bool]`, `wd`/`weight_decay`, `beta1`,
+    /// keys `lr`, `momentum`, `dampening`, `nesterov[=bool]`, `corrected[=bool]`, `wd`/`weight_decay`, `beta1`,
     /// `beta2`, `eps`, `init` (Adagrad's initial accumulator), `warmup`, `decay=constant|step|cosine`, `every`, `gamma`, `total`,
     /// `min_lr`, `clip`.
     fn from_str(s: &str) -> Result<Self> {
@@ -233,6 +257,7 @@ impl FromStr for OptimizerConfig {
                     momentum: 0.9,
                     dampening: 0.0,
                     nesterov: true,
+                    corrected: false,
                 };
                 c
             }
@@ -284,6 +309,7 @@ impl FromStr for OptimizerConfig {
                 ("momentum", OptimizerKind::Sgd { momentum, .. }) => *momentum = f()?,
                 ("dampening", OptimizerKind::Sgd { dampening, .. }) => *dampening = f()?,
                 ("nesterov", OptimizerKind::Sgd { nesterov, .. }) => *nesterov = b()?,
+                ("corrected", OptimizerKind::Sgd { corrected, .. }) => *corrected = b()?,
                 ("beta1", OptimizerKind::Adam { beta1, .. }) => *beta1 = f()?,
                 ("beta2", OptimizerKind::Adam { beta2, .. }) => *beta2 = f()?,
                 ("eps", OptimizerKind::Adam { eps, .. }) => *eps = f()?,
@@ -335,6 +361,7 @@ impl fmt::Display for OptimizerConfig {
                 momentum,
                 dampening,
                 nesterov,
+                corrected,
             } => {
                 write!(f, "sgd:lr={},momentum={momentum}", self.lr)?;
                 if dampening != 0.0 {
@@ -342,6 +369,9 @@ impl fmt::Display for OptimizerConfig {
                 }
                 if nesterov {
                     write!(f, ",nesterov")?;
+                }
+                if corrected {
+                    write!(f, ",corrected")?;
                 }
             }
             OptimizerKind::Adam {
@@ -402,6 +432,7 @@ mod tests {
             "sgd:lr=0.1,momentum=0.9,nesterov,decay=step,every=1000,gamma=0.5,clip=5",
             "adam:lr=3e-4,beta2=0.98,decay=cosine,total=5000,min_lr=1e-5",
             "adamw:lr=1e-3,wd=0.1",
+            "sgd:lr=0.1,momentum=0.9,nesterov,corrected,wd=1e-4",
         ];
         for s in specs {
             let c: OptimizerConfig = s.parse().unwrap();
@@ -414,10 +445,17 @@ mod tests {
         assert!(
             matches!(c.kind, OptimizerKind::Sgd { nesterov: true, momentum, .. } if momentum == 0.9)
         );
-        let plain = c.without_momentum();
-        assert!(
-            matches!(plain.kind, OptimizerKind::Sgd { nesterov: false, momentum, .. } if momentum == 0.0)
-        );
+        let corrected = c.clone().momentum_corrected(None);
+        assert!(matches!(
+            corrected.kind,
+            OptimizerKind::Sgd { nesterov: true, corrected: true, momentum, .. } if momentum == 0.9
+        ));
+        assert_eq!(corrected.sgd_momentum(), None);
+        let dgc = c.momentum_corrected(Some((0.5, false)));
+        assert!(matches!(
+            dgc.kind,
+            OptimizerKind::Sgd { nesterov: false, corrected: true, momentum, .. } if momentum == 0.5
+        ));
     }
 
     #[test]

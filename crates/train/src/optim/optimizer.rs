@@ -201,8 +201,30 @@ impl Optimizer {
                 momentum,
                 dampening,
                 nesterov,
+                corrected: true,
+            } if momentum > 0.0 && wd > 0.0 => {
+                // DGC's reference optimizer: the gradient arrives momentum-corrected; the
+                // weight decay term keeps a momentum buffer of its own.
+                let mu = momentum as f32;
+                let damp = 1.0 - dampening as f32;
+                let first = st.step == 0;
+                if st.m.is_empty() {
+                    st.m = vec![0.0; len];
+                }
+                for ((p, &g), b) in params.iter_mut().zip(grads).zip(&mut st.m[range]) {
+                    let d = wd * *p;
+                    *b = if first { d } else { mu * *b + damp * d };
+                    let d = if nesterov { d + mu * *b } else { *b };
+                    *p -= lr32 * (g * scale + d);
+                }
+            }
+            OptimizerKind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+                corrected,
             } => {
-                if momentum == 0.0 {
+                if momentum == 0.0 || corrected {
                     for (p, &g) in params.iter_mut().zip(grads) {
                         let g = g * scale + wd * *p;
                         *p -= lr32 * g;
@@ -325,6 +347,34 @@ mod tests {
         close(&p, &[-0.1 * (d1[0] + d2[0]), -0.1 * (d1[1] + d2[1])]);
     }
 
+    /// A momentum-corrected gradient (`corrected`): the weight decay alone keeps a momentum
+    /// buffer, the gradient is added as it is (DGCSGD of the DGC reference code, written
+    /// out here step by step in f64).
+    #[test]
+    fn corrected_sgd_gives_weight_decay_its_own_momentum() {
+        for nesterov in [false, true] {
+            let spec = format!(
+                "sgd:lr=0.1,momentum=0.5,wd=0.2,corrected{}",
+                if nesterov { ",nesterov" } else { "" }
+            );
+            let got = run(&spec, &[1.0, -2.0], &G);
+            let (mut p, mut buf) = ([1.0f64, -2.0], [0.0f64; 2]);
+            for (step, g) in G.iter().enumerate() {
+                for i in 0..2 {
+                    let d = 0.2 * p[i];
+                    buf[i] = if step == 0 { d } else { 0.5 * buf[i] + d };
+                    let d = if nesterov { d + 0.5 * buf[i] } else { buf[i] };
+                    p[i] -= 0.1 * (f64::from(g[i]) + d);
+                }
+            }
+            close(&got, &p);
+        }
+        // Without weight decay the gradient is applied as plain SGD.
+        let got = run("sgd:lr=0.1,momentum=0.9,corrected", &[0.0, 0.0], &G);
+        let sum = [1.0 + 0.5 - 1.0, -2.0 + 0.5 + 4.0];
+        close(&got, &[-0.1 * sum[0], -0.1 * sum[1]]);
+    }
+
     /// Updating by parts (in any order) equals one whole step, for every rule.
     #[test]
     fn parts_equal_the_whole_step() {
@@ -338,6 +388,7 @@ mod tests {
         for spec in [
             "sgd:lr=0.1,momentum=0.9,wd=0.01",
             "sgd:lr=0.1,momentum=0.9,nesterov",
+            "sgd:lr=0.1,momentum=0.9,nesterov,corrected,wd=0.01",
             "adam:lr=0.01",
             "adamw:lr=0.01",
             "adagrad:lr=0.1",
