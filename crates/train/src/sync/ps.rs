@@ -107,9 +107,13 @@ pub fn mirror_optimizer(o: &OptimizerConfig) -> Result<UpdaterSpec> {
             momentum,
             dampening,
             nesterov,
+            corrected,
         } => {
             if nesterov {
                 return refuse("Nesterov momentum");
+            }
+            if corrected {
+                return refuse("momentum-corrected gradients (sgd:...,corrected)");
             }
             if momentum == 0.0 {
                 Ok(UpdaterSpec::Sgd { lr })
