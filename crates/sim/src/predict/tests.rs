@@ -198,7 +198,11 @@ proptest! {
     }
 
     /// Fewer wire bytes never make a step slower; compute adds exactly (no overlap); the
-    /// efficiency is in (0, 1].
+    /// efficiency is in (0, 1]. PowerSGD is left out of the first claim: its two
+    /// all-reduces choose their algorithm by size as `collective::select` does (thresholds
+    /// measured on loopback, not derived from this model), so halving the bytes can cross
+    /// to an algorithm the model prices higher (found by proptest at p = 3, where recursive
+    /// doubling pays for the non-power-of-two ranks).
     #[test]
     fn monotone_in_bytes_and_compute(
         strategy in strategies(),
@@ -208,7 +212,9 @@ proptest! {
     ) {
         let sc = scenario(p);
         let s = |w: f64| step(&model(), &codec(strategy, w), &sc).unwrap().step_s;
-        prop_assert!(s(w / 2.0) <= s(w) * (1.0 + 1e-12));
+        if strategy != Strategy::PowerSgd {
+            prop_assert!(s(w / 2.0) <= s(w) * (1.0 + 1e-12));
+        }
         let mut m = model();
         m.compute_s += extra;
         let more = step(&m, &codec(strategy, w), &sc).unwrap().step_s;
