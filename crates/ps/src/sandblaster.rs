@@ -33,6 +33,9 @@ use crate::updater::UpdaterSpec;
 use crate::wire::{Request, Response, VecOp};
 use crate::{ClientConfig, Error, KvStore, Result};
 
+mod mlp;
+pub use mlp::Mlp;
+
 /// A batch objective split into work units.
 pub trait Objective: Send + Sync {
     /// Number of parameters.
