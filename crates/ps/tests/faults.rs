@@ -178,6 +178,7 @@ fn malformed_oversized_and_truncated_frames_get_typed_errors_while_others_are_se
     // A well-behaved worker keeps pushing during the abuse.
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
     let good = std::thread::spawn(move || {
         let mut kv = client(0, vec![addr]);
         kv.init(
@@ -186,6 +187,7 @@ fn malformed_oversized_and_truncated_frames_get_typed_errors_while_others_are_se
             &[0.0],
         )
         .unwrap();
+        ready_tx.send(()).unwrap();
         let mut n = 0;
         while !s2.load(Ordering::SeqCst) || n < 20 {
             kv.push_with(Key(1), &[1.0], PushMode::Add).unwrap();
@@ -250,6 +252,11 @@ fn malformed_oversized_and_truncated_frames_get_typed_errors_while_others_are_se
     );
     // Well-framed but inconsistent: a dense push of the wrong size is a request-level
     // error, and that connection stays up.
+    // (Key 1 must exist first, or the answer is an unknown key: wait for the good worker's
+    // init, which races with the probes above.)
+    ready
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the good worker initialized key 1");
     let mut bad = Vec::new();
     Request::Push(gradwire_ps::wire::Push {
         worker: WorkerId(1),
