@@ -185,16 +185,7 @@ fn spawn_inner(spec: &RankSpec, output: Output) -> Result<Ranks> {
         if prefix {
             cmd.stderr(Stdio::piped());
         }
-        // SAFETY: setpgid and prctl are async-signal-safe. Each rank leads its own process
-        // group (so stopping it also stops what it started), and the kernel kills it when
-        // the launcher dies, so no rank outlives a crashed launcher.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        own_group_dies_with_parent(&mut cmd);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting rank {rank}: {}", spec.program))?;
@@ -368,5 +359,19 @@ pub fn describe(status: ExitStatus) -> String {
         (Some(c), _) => format!("exit code {c}"),
         (None, Some(s)) => format!("killed by signal {s}"),
         (None, None) => "unknown status".into(),
+    }
+}
+
+/// Makes the child lead its own process group (so stopping it also stops what it started)
+/// and asks the kernel to kill it when this process dies, so no child outlives a crashed
+/// launcher.
+pub(crate) fn own_group_dies_with_parent(cmd: &mut Command) {
+    // SAFETY: setpgid and prctl are async-signal-safe, as a pre_exec hook requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
     }
 }

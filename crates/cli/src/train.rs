@@ -250,6 +250,24 @@ pub struct Plan {
     pub save_params: Option<PathBuf>,
 }
 
+impl Plan {
+    /// The run's record before its first epoch: setup, seed and provenance.
+    pub(crate) fn run_record(&self, world: usize, steps_per_epoch: usize) -> RunRecord {
+        RunRecord {
+            codec: self.codec.to_string(),
+            model: self.model.to_string(),
+            dataset: self.dataset.name().into(),
+            workers: world,
+            steps_per_epoch,
+            epochs: Vec::new(),
+            momentum_correction: self.momentum_correction.map(|(beta, _)| beta),
+            seed: Some(self.train.seed),
+            provenance: Some(crate::records::Provenance::current()),
+            engine: None,
+        }
+    }
+}
+
 /// What the environment says about where this process runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Host {
@@ -604,18 +622,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             .with_context(|| format!("creating {}", plan.out.display()))?;
         let _ = std::fs::remove_file(plan.out.join("metrics.jsonl"));
     }
-    let mut run = RunRecord {
-        codec: plan.codec.to_string(),
-        model: plan.model.to_string(),
-        dataset: plan.dataset.name().into(),
-        workers: world,
-        steps_per_epoch: steps,
-        epochs: Vec::new(),
-        momentum_correction: plan.momentum_correction.map(|(beta, _)| beta),
-        seed: Some(plan.train.seed),
-        provenance: Some(crate::records::Provenance::current()),
-        engine: None,
-    };
+    let mut run = plan.run_record(world, steps);
     let mut last_acc = String::new();
     let mut total_bytes = 0u64;
     for epoch in 0..plan.train.epochs {

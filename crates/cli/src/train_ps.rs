@@ -29,7 +29,6 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::str::FromStr;
@@ -47,7 +46,6 @@ use gradwire_train::{
 
 use crate::launch::{describe, spawn_quiet, RankSpec};
 use crate::plot::human_bytes;
-use crate::records::RunRecord;
 use crate::train::{Plan, TrainArgs};
 
 /// What `--sync` asks for: an all-reduce strategy or a parameter-server mode.
@@ -470,18 +468,9 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
             .with_context(|| format!("creating {}", plan.out.display()))?;
         let _ = std::fs::remove_file(plan.out.join("metrics.jsonl"));
     }
-    let mut run = RunRecord {
-        codec: plan.codec.to_string(),
-        model: plan.model.to_string(),
-        dataset: plan.dataset.name().into(),
-        workers: world,
-        steps_per_epoch: steps,
-        epochs: Vec::new(),
-        momentum_correction: None,
-        seed: Some(plan.train.seed),
-        provenance: Some(crate::records::Provenance::current()),
-        engine: None,
-    };
+    let mut run = plan.run_record(world, steps);
+    // The PS path has no momentum correction (the shards run the optimizer).
+    run.momentum_correction = None;
     let mut total_steps = 0u64;
     let mut last = String::new();
     for epoch in 0..plan.train.epochs {
@@ -632,15 +621,8 @@ impl Shards {
                 .env_remove("GRADWIRE_WORLD_SIZE")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped());
-            // SAFETY: setpgid and prctl are async-signal-safe. The shard leads its own
-            // process group and dies with this process, so none outlives a crashed parent.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setpgid(0, 0);
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
+            // The shard leads its own process group and dies with this process.
+            crate::launch::own_group_dies_with_parent(&mut cmd);
             let mut child = cmd
                 .spawn()
                 .with_context(|| format!("starting shard {i}: {}", exe.display()))?;
