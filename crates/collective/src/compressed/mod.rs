@@ -36,6 +36,26 @@ pub use sparse_wire::fuzz_decode as fuzz_sparse_wire;
 pub use sparse_wire::HEADER as SPARSE_HEADER_LEN;
 pub use stripe::{OwnContribution, StripeAllReduce, StripePlan};
 
+/// Refuses a call on a transport or buffer other than the ones an all-reduce was built for:
+/// `name` (the type) appears in the error.
+pub(crate) fn check_built_for<T: gradwire_transport::Transport + ?Sized>(
+    t: &T,
+    (rank, world, len): (usize, usize, usize),
+    grad_len: usize,
+    name: &'static str,
+) -> crate::Result<()> {
+    if grad_len != len {
+        return Err(crate::Error::BadOutputLength {
+            expected: len,
+            got: grad_len,
+        });
+    }
+    if t.rank() != rank || t.world_size() != world {
+        return Err(crate::Error::Codec { what: name });
+    }
+    Ok(())
+}
+
 /// How a compressed all-reduce combines the ranks' gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Reduce {

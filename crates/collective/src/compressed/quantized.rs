@@ -113,17 +113,12 @@ impl QuantizedAllReduce {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if grad.len() != self.len {
-            return Err(Error::BadOutputLength {
-                expected: self.len,
-                got: grad.len(),
-            });
-        }
-        if t.rank() != self.rank || t.world_size() != self.world {
-            return Err(Error::Codec {
-                what: "QuantizedAllReduce was built for another rank or world size",
-            });
-        }
+        super::check_built_for(
+            t,
+            (self.rank, self.world, self.len),
+            grad.len(),
+            "QuantizedAllReduce was built for another rank or world size",
+        )?;
         let (rank, world) = (self.rank, self.world);
         let shared_scalar = Error::Codec {
             what: "codecs needing a shared scalar (TernGrad) are not supported by the quantized ring; use GatherDecode",

@@ -271,17 +271,12 @@ impl StripeAllReduce {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if grad.len() != self.len {
-            return Err(Error::BadOutputLength {
-                expected: self.len,
-                got: grad.len(),
-            });
-        }
-        if t.rank() != self.rank || t.world_size() != self.world {
-            return Err(Error::Codec {
-                what: "StripeAllReduce was built for another rank or world size",
-            });
-        }
+        super::check_built_for(
+            t,
+            (self.rank, self.world, self.len),
+            grad.len(),
+            "StripeAllReduce was built for another rank or world size",
+        )?;
         let (rank, world) = (self.rank, self.world);
         let ranges = &self.plan.ranges;
         // Shared scalars (TernGrad): one max all-reduce over every stripe's scalars.
