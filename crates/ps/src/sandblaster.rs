@@ -49,6 +49,16 @@ pub trait Objective: Send + Sync {
     /// Adds unit `u`'s summed example gradients at `w` into `grad` and returns its summed
     /// example loss.
     fn unit_loss_grad(&self, u: usize, w: &[f32], grad: &mut [f64]) -> f64;
+
+    /// The full-batch loss at `w`, regularizer included (a reference, computed locally).
+    fn loss(&self, w: &[f32]) -> f64 {
+        let mut g = vec![0.0; self.dim()];
+        let s: f64 = (0..self.units())
+            .map(|u| self.unit_loss_grad(u, w, &mut g))
+            .sum();
+        s / self.examples() as f64
+            + 0.5 * self.l2() * w.iter().map(|v| (*v as f64).powi(2)).sum::<f64>()
+    }
 }
 
 /// Binary logistic regression on synthetic data (labels from a hidden weight vector, with
@@ -86,16 +96,6 @@ impl LogisticRegression {
             unit_size: unit_size.max(1),
             l2,
         }
-    }
-
-    /// The full-batch loss at `w` (a reference, computed locally).
-    pub fn loss(&self, w: &[f32]) -> f64 {
-        let mut g = vec![0.0; self.dim];
-        let s: f64 = (0..self.units())
-            .map(|u| self.unit_loss_grad(u, w, &mut g))
-            .sum();
-        s / self.examples() as f64
-            + 0.5 * self.l2 * w.iter().map(|v| (*v as f64).powi(2)).sum::<f64>()
     }
 }
 

@@ -62,16 +62,6 @@ impl Mlp {
             .collect()
     }
 
-    /// The full-batch loss at `w`, regularizer included (a reference, computed locally).
-    pub fn loss(&self, w: &[f32]) -> f64 {
-        let mut g = vec![0.0; self.dim()];
-        let s: f64 = (0..self.units())
-            .map(|u| self.unit_loss_grad(u, w, &mut g))
-            .sum();
-        s / self.examples() as f64
-            + 0.5 * self.l2 * w.iter().map(|v| (*v as f64).powi(2)).sum::<f64>()
-    }
-
     /// The share of examples whose sign the network gets right at `w`.
     pub fn accuracy(&self, w: &[f32]) -> f64 {
         let right = (0..self.y.len())
