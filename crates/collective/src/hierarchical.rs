@@ -100,6 +100,12 @@ pub fn exchange_layout<T: Transport + ?Sized>(t: &mut T, host: &str) -> Result<L
     }
     let mut all = Vec::new();
     crate::gather::all_gather_bytes(t, host.as_bytes(), &mut all)?;
+    layout_from_gathered(all)
+}
+
+/// The layout from every rank's host-name bytes as received (untrusted: a name longer than
+/// [`MAX_HOST_NAME`] or not UTF-8 is refused, naming the rank).
+fn layout_from_gathered(all: Vec<Vec<u8>>) -> Result<Layout> {
     let mut names = Vec::with_capacity(all.len());
     for (peer, b) in all.into_iter().enumerate() {
         if b.len() > MAX_HOST_NAME {
@@ -114,6 +120,21 @@ pub fn exchange_layout<T: Transport + ?Sized>(t: &mut T, host: &str) -> Result<L
         })?);
     }
     Ok(Layout::from_hosts(&names))
+}
+
+/// Fuzz entry (cargo-fuzz target `host_layout`): `data` split at zero bytes is every rank's
+/// host name as received; a layout that decodes must place every rank exactly once.
+#[doc(hidden)]
+pub fn fuzz_layout(data: &[u8]) {
+    let all: Vec<Vec<u8>> = data.split(|b| *b == 0).map(<[u8]>::to_vec).collect();
+    let n = all.len();
+    if let Ok(layout) = layout_from_gathered(all) {
+        assert_eq!(layout.world_size(), n);
+        for r in 0..n {
+            assert!(layout.host_of(r).is_some_and(|h| h.contains(&r)));
+        }
+        assert!(layout.leaders().iter().all(|&l| l < n));
+    }
 }
 
 /// Some ranks of a transport as a world of their own: rank `i` of the group is

@@ -213,3 +213,25 @@ fn a_leader_that_leaves_is_named_by_its_job_rank() {
         }
     }
 }
+
+/// The received host names are untrusted: seeded garbage (invalid UTF-8, names over the
+/// limit, empty names) never panics, and a layout that decodes places every rank once (the
+/// same entry the `host_layout` fuzz target drives).
+#[test]
+fn received_host_names_are_decoded_totally() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    for _ in 0..2000 {
+        let len = rng.gen_range(0..600);
+        let data: Vec<u8> = (0..len)
+            .map(|_| match rng.gen_range(0..4) {
+                0 => 0,
+                1 => rng.gen(),
+                _ => rng.gen_range(b'a'..=b'c'),
+            })
+            .collect();
+        crate::hierarchical::fuzz_layout(&data);
+    }
+    crate::hierarchical::fuzz_layout(&[0xff, 0xfe]);
+    crate::hierarchical::fuzz_layout(&[b'a'; 300]);
+}
