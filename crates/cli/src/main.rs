@@ -18,6 +18,7 @@ mod ps;
 mod records;
 mod report;
 mod report_render;
+mod report_tta;
 mod simulate;
 mod size;
 mod train;

@@ -13,6 +13,9 @@ use crate::records::{common_metric, Metric, RunRecord};
 /// File name of the comparison chart that `report` writes beside its Markdown.
 pub const COMPARISON_PNG: &str = "comparison.png";
 
+/// File name of a report's time-to-accuracy chart across link speeds.
+pub const TIME_TO_ACCURACY_PNG: &str = "time-to-accuracy.png";
+
 /// Pixel size of every chart.
 const SIZE: (u32, u32) = (900, 600);
 /// Font family of every label; resolved by fontconfig.
@@ -98,7 +101,7 @@ pub fn plot_run(run: &RunRecord, out_dir: &Path) -> Result<Vec<PathBuf>> {
         let path = out_dir.join(file);
         let x_desc = match x {
             XAxis::Epoch => "epoch",
-            XAxis::Bytes { .. } => bytes_desc,
+            XAxis::Bytes { .. } | XAxis::Bits => bytes_desc,
         };
         let spec = ChartSpec {
             title: &title,
@@ -186,6 +189,33 @@ pub fn plot_comparison(runs: &[RunRecord], out: &Path) -> Result<()> {
     draw_chart(out, &spec, &series).with_context(|| format!("drawing {}", out.display()))
 }
 
+/// Writes the time-to-accuracy chart: for each codec (`series`: its name and, per emulated
+/// link, bits per second and training seconds to the target), time (linear) against link
+/// speed (log). Links without emulation and runs that missed the target have no point.
+pub fn plot_time_to_accuracy(
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    target: &str,
+    out: &Path,
+) -> Result<()> {
+    let series: Vec<Series> = series
+        .into_iter()
+        .map(|(name, points)| Series {
+            name: short_label(&name),
+            points,
+        })
+        .collect();
+    let title = format!("training time to {target} against link speed");
+    let spec = ChartSpec {
+        title: &title,
+        x: XAxis::Bits,
+        x_desc: "emulated link bandwidth",
+        y_desc: "seconds to the target",
+        marks: Marks::Lines,
+        legend: SeriesLabelPosition::UpperRight,
+    };
+    draw_chart(out, &spec, &series).with_context(|| format!("drawing {}", out.display()))
+}
+
 /// The x axis of a chart.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum XAxis {
@@ -193,6 +223,8 @@ enum XAxis {
     Epoch,
     /// Byte counts; `log` plots log10 of the count and labels ticks with the count.
     Bytes { log: bool },
+    /// Link bandwidths in bits per second, on a log scale.
+    Bits,
 }
 
 /// A bytes axis, logarithmic when the positive values span at least `min_span` (a ratio).
@@ -240,7 +272,7 @@ struct ChartSpec<'a> {
 
 /// Draws `series` as a PNG at `path`.
 fn draw_chart(path: &Path, spec: &ChartSpec<'_>, series: &[Series]) -> Result<()> {
-    let log = matches!(spec.x, XAxis::Bytes { log: true });
+    let log = matches!(spec.x, XAxis::Bytes { log: true } | XAxis::Bits);
     let to_x = |x: f64| if log { x.log10() } else { x };
     let series: Vec<(&str, Vec<(f64, f64)>)> = series
         .iter()
@@ -270,11 +302,12 @@ fn draw_chart(path: &Path, spec: &ChartSpec<'_>, series: &[Series]) -> Result<()
         XAxis::Epoch => format!("{v:.0}"),
         XAxis::Bytes { log: true } => human_bytes(10f64.powf(*v)),
         XAxis::Bytes { log: false } => human_bytes(*v),
+        XAxis::Bits => crate::report_tta::human_bits(10f64.powf(*v)),
     };
     let x_labels = match spec.x {
         // One tick per whole epoch when there are few, so no fractional epochs appear.
         XAxis::Epoch => ((x1 - x0).ceil() as usize + 1).clamp(2, 10),
-        XAxis::Bytes { .. } => 8,
+        XAxis::Bytes { .. } | XAxis::Bits => 8,
     };
     chart
         .configure_mesh()
@@ -407,6 +440,26 @@ mod tests {
         ];
         let out = dir.join(COMPARISON_PNG);
         plot_comparison(&runs, &out).unwrap();
+        assert_png(&out);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn time_to_accuracy_plot_is_png() {
+        let dir = scratch_dir("plot-tta");
+        let out = dir.join(TIME_TO_ACCURACY_PNG);
+        let series = vec![
+            (
+                "none".to_string(),
+                vec![(1e8, 400.0), (1e9, 60.0), (1e10, 20.0)],
+            ),
+            (
+                "dgc:ratio=0.001".to_string(),
+                vec![(1e8, 40.0), (1e9, 30.0), (1e10, 29.0)],
+            ),
+            ("threshold".to_string(), vec![]),
+        ];
+        plot_time_to_accuracy(series, "88.00%", &out).unwrap();
         assert_png(&out);
         std::fs::remove_dir_all(dir).unwrap();
     }

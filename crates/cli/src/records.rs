@@ -22,6 +22,9 @@ pub struct EpochRecord {
     pub val_perplexity: Option<f64>,
     /// Wall-clock seconds of the epoch.
     pub wall_s: f64,
+    /// Seconds of the epoch's evaluation, part of `wall_s` (0 in older records).
+    #[serde(default)]
+    pub eval_s: f64,
     /// Seconds spent in forward/backward/optimizer.
     pub compute_s: f64,
     /// Seconds spent waiting on gradient communication.
@@ -127,6 +130,9 @@ pub struct RunRecord {
     /// The engine's summary: bytes by kind, stragglers, negotiation rounds, policies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<serde_json::Value>,
+    /// The emulated link the run trained over (`--link`), absent without emulation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
 }
 
 impl RunRecord {
@@ -185,6 +191,25 @@ impl RunRecord {
         self.epochs.iter().map(|e| e.wall_s).sum()
     }
 
+    /// Training seconds (wall-clock without evaluation) until the end of the first epoch
+    /// whose `metric` reaches `target` (at least `target` for accuracy, at most for
+    /// perplexity); `None` if no epoch does.
+    pub fn time_to(&self, metric: Metric, target: f64) -> Option<f64> {
+        let mut t = 0.0;
+        for e in &self.epochs {
+            t += (e.wall_s - e.eval_s).max(0.0);
+            let reached = match (metric, metric.of(e)) {
+                (Metric::Accuracy, Some(v)) => v >= target,
+                (Metric::Perplexity, Some(v)) => v <= target,
+                (_, None) => false,
+            };
+            if reached {
+                return Some(t);
+            }
+        }
+        None
+    }
+
     /// Total communication seconds over all epochs.
     pub fn total_comm_s(&self) -> f64 {
         self.epochs.iter().map(|e| e.comm_s).sum()
@@ -240,6 +265,7 @@ pub(crate) mod tests {
                 test_accuracy: Some(a),
                 val_perplexity: None,
                 wall_s: 10.0,
+                eval_s: 0.0,
                 compute_s: 7.0,
                 comm_s: 3.0,
                 bytes_sent: bytes,
@@ -257,6 +283,7 @@ pub(crate) mod tests {
             seed: None,
             provenance: None,
             engine: None,
+            link: None,
         }
     }
 

@@ -1,6 +1,9 @@
 //! `gradwire report`: train one model with each codec in turn and write the comparison:
 //! a Markdown table (final accuracy or perplexity, difference from dense, bytes per step,
-//! compression ratio, time) and one plot of quality against bytes per step.
+//! compression ratio, time, time to a target accuracy and the speedup it gives) and one plot
+//! of quality against bytes per step. With `--link`, the matrix runs once per emulated link
+//! speed and the report adds time to accuracy against link speed, with the speed above which
+//! dense wins, and its chart.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -62,6 +65,19 @@ pub struct ReportArgs {
     /// already has a `timeline.json` (e.g. kept with `--resume`) gets its drawing too.
     #[arg(long)]
     timeline: bool,
+    /// Train every run over an emulated link (train's `--link`), e.g. `--link 1gbit,50us`.
+    /// Repeat it to run the whole matrix at several speeds (`--link 100mbit --link 1gbit
+    /// --link none`; `none` is loopback without emulation): each speed gets its own table and
+    /// sub-directory, and the report adds time to target against link speed, the speed above
+    /// which the baseline wins, and `time-to-accuracy.png`.
+    #[arg(long = "link", value_name = "SPEC")]
+    links: Vec<String>,
+    /// The accuracy in percent (perplexity for a language model) that "time to target"
+    /// measures. Default: the baseline's mean final accuracy minus 0.5 points (its
+    /// perplexity plus 2%). Checked at the end of each epoch: `-- --max-steps N` makes epochs
+    /// of N steps, for a finer grain.
+    #[arg(long)]
+    target: Option<f64>,
     /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
     #[arg(last = true)]
     train_args: Vec<String>,
@@ -82,15 +98,40 @@ struct Job {
     spec: String,
     variant: Variant,
     seed: Option<u64>,
+    /// train's `--link`, if the run is over an emulated link.
+    link: Option<String>,
     dir: PathBuf,
 }
 
-/// The runs of the matrix, codec-major, in the order given; `mc` rows are skipped where
-/// momentum correction is not an option distinct from the paper's algorithm.
+/// The runs of the matrix, link-major then codec-major, in the order given; `mc` rows are
+/// skipped where momentum correction is not an option distinct from the paper's algorithm.
+/// Without links the runs sit directly in `out`; with links each has its own
+/// `out/link-<spec>` (`none`: no emulation).
 fn plan_jobs(
     codecs: &[gradwire_codec::CodecConfig],
     variants: &[Variant],
     seeds: &[u64],
+    links: &[String],
+    out: &std::path::Path,
+) -> Vec<Job> {
+    if links.is_empty() {
+        return plan_link(codecs, variants, seeds, None, out);
+    }
+    let mut jobs = Vec::new();
+    for link in links {
+        let dir = out.join(format!("link-{}", sanitize(link)));
+        let link = (!link.eq_ignore_ascii_case("none")).then(|| link.clone());
+        jobs.extend(plan_link(codecs, variants, seeds, link, &dir));
+    }
+    jobs
+}
+
+/// The runs of one link.
+fn plan_link(
+    codecs: &[gradwire_codec::CodecConfig],
+    variants: &[Variant],
+    seeds: &[u64],
+    link: Option<String>,
     out: &std::path::Path,
 ) -> Vec<Job> {
     let seeds: Vec<Option<u64>> = if seeds.is_empty() {
@@ -119,6 +160,7 @@ fn plan_jobs(
                     spec: name.clone(),
                     variant,
                     seed,
+                    link: link.clone(),
                     dir,
                 });
             }
@@ -158,7 +200,16 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     if args.variants.is_empty() {
         bail!("--variants is empty");
     }
-    let jobs = plan_jobs(&parsed, &args.variants, &args.seeds, &args.out);
+    for link in &args.links {
+        if !link.eq_ignore_ascii_case("none") {
+            link.parse::<gradwire_transport::link::LinkConfig>()
+                .with_context(|| format!("--link {link}"))?;
+        }
+    }
+    if !args.links.is_empty() && args.train_args.iter().any(|a| a.starts_with("--link")) {
+        bail!("give the link with report's own --link, not among the train arguments");
+    }
+    let jobs = plan_jobs(&parsed, &args.variants, &args.seeds, &args.links, &args.out);
     let mut runs = Vec::new();
     let mut dirs = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -173,7 +224,10 @@ pub fn run(args: &ReportArgs) -> Result<()> {
                 ""
             },
             job.seed.map_or(String::new(), |s| format!(", seed {s}"))
-        );
+        ) + &job
+            .link
+            .as_ref()
+            .map_or(String::new(), |l| format!(", link {l}"));
         if args.resume {
             if let Some(run) = finished_run(&job.dir, args.epochs) {
                 eprintln!(
@@ -207,6 +261,9 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         if job.variant == Variant::Mc {
             cmd.args(["--momentum-correction", "on"]);
         }
+        if let Some(link) = &job.link {
+            cmd.arg("--link").arg(link);
+        }
         cmd.args(&args.train_args);
         if args.timeline {
             cmd.arg("--timeline").arg(job.dir.join(TIMELINE_JSON));
@@ -235,13 +292,18 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     let command = command.replacen(&exe.display().to_string(), "gradwire", 1);
-    let mut md = crate::report_render::render_markdown(&runs, &baseline, &command);
+    let mut md = crate::report_render::render_markdown(&runs, &baseline, &command, args.target);
     md.push_str(&timeline_section(&runs, &dirs, &args.out));
     let md_path = args.out.join("report.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
     if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))
     {
         eprintln!("gradwire report: warning: comparison chart not drawn ({e:#})");
+    }
+    if !args.links.is_empty() {
+        if let Err(e) = time_to_accuracy_chart(&runs, &baseline, args.target, &args.out) {
+            eprintln!("gradwire report: warning: time-to-accuracy chart not drawn ({e:#})");
+        }
     }
     std::fs::write(
         args.out.join("runs.json"),
@@ -250,6 +312,62 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     println!("{md}");
     eprintln!("gradwire report: wrote {}", md_path.display());
     Ok(())
+}
+
+/// Draws `time-to-accuracy.png`: per codec row, training time to the target against the
+/// emulated link speed (runs without emulation and runs that missed the target are left
+/// out).
+fn time_to_accuracy_chart(
+    runs: &[RunRecord],
+    baseline: &str,
+    target: Option<f64>,
+    out: &std::path::Path,
+) -> Result<()> {
+    use crate::report_render::link_bits;
+    use crate::report_tta::{GroupTime, Target};
+    let metric = crate::records::common_metric(runs);
+    let base: Vec<&RunRecord> = runs.iter().filter(|r| r.codec == baseline).collect();
+    let Some(target) = Target::choose(metric, &base, target) else {
+        bail!("no baseline run and no --target, so no target to time");
+    };
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut keys: Vec<(String, Option<u64>)> = Vec::new();
+    for r in runs {
+        let key = (r.codec.clone(), r.momentum_correction.map(f64::to_bits));
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    for (codec, mc) in keys {
+        let mut points = Vec::new();
+        for link in crate::report_render::links_of(runs) {
+            let Some(bits) = link_bits(link.as_deref()) else {
+                continue;
+            };
+            let mine: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| {
+                    r.link == link
+                        && r.codec == codec
+                        && r.momentum_correction.map(f64::to_bits) == mc
+                })
+                .collect();
+            if let Some(t) = GroupTime::of(&mine, &target).mean_s {
+                points.push((bits as f64, t));
+            }
+        }
+        let name = if mc.is_some() {
+            format!("{codec} +mc")
+        } else {
+            codec
+        };
+        series.push((name, points));
+    }
+    crate::plot::plot_time_to_accuracy(
+        series,
+        &target.label(),
+        &out.join(crate::plot::TIME_TO_ACCURACY_PNG),
+    )
 }
 
 /// Where a run's merged timeline is, in its directory (`--timeline`).
@@ -339,7 +457,7 @@ mod tests {
             .map(|c| c.parse().unwrap())
             .collect();
         let out = std::path::Path::new("o");
-        let jobs = plan_jobs(&codecs, &[Variant::Paper, Variant::Mc], &[1, 2], out);
+        let jobs = plan_jobs(&codecs, &[Variant::Paper, Variant::Mc], &[1, 2], &[], out);
         let got: Vec<(String, Variant, Option<u64>)> = jobs
             .iter()
             .map(|j| (j.spec.clone(), j.variant, j.seed))
@@ -364,10 +482,31 @@ mod tests {
         assert_eq!(dirs.len(), jobs.len());
         assert!(jobs[6].dir.ends_with("seed-1"), "{:?}", jobs[6].dir);
         // Without seeds: one run per row, in the row's directory.
-        let single = plan_jobs(&codecs[..1], &[Variant::Paper], &[], out);
+        let single = plan_jobs(&codecs[..1], &[Variant::Paper], &[], &[], out);
         assert_eq!(single.len(), 1);
         assert_eq!(single[0].seed, None);
         assert_eq!(single[0].dir, out.join("none"));
+        // With links: the whole matrix once per link, each in its own directory; `none`
+        // runs without emulation.
+        let links = ["100mbit".to_string(), "none".to_string()];
+        let by_link = plan_jobs(&codecs[..2], &[Variant::Paper], &[], &links, out);
+        let got: Vec<(Option<&str>, &std::path::Path)> = by_link
+            .iter()
+            .map(|j| (j.link.as_deref(), j.dir.as_path()))
+            .collect();
+        let dgc_dir = sanitize(&codecs[1].to_string());
+        assert_eq!(
+            got,
+            vec![
+                (Some("100mbit"), out.join("link-100mbit/none").as_path()),
+                (
+                    Some("100mbit"),
+                    out.join("link-100mbit").join(&dgc_dir).as_path()
+                ),
+                (None, out.join("link-none/none").as_path()),
+                (None, out.join("link-none").join(&dgc_dir).as_path()),
+            ]
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 
 use std::fmt::Write;
 
-use crate::plot::{human_bytes, COMPARISON_PNG};
+use crate::plot::{human_bytes, COMPARISON_PNG, TIME_TO_ACCURACY_PNG};
 use crate::records::{common_metric, Metric, RunRecord};
+use crate::report_tta::{human_bits, speedup_cell, GroupTime, SpeedupCurve, Target};
 
 /// One table row: the runs of one codec with one momentum setting (one per seed).
 struct Row<'a> {
@@ -35,11 +36,17 @@ impl Row<'_> {
     }
 }
 
-/// Groups runs into rows by codec and momentum correction, in first-seen order.
+/// Groups runs into rows by codec, momentum correction and link, in first-seen order.
 fn rows(runs: &[RunRecord]) -> Vec<Row<'_>> {
     let mut rows: Vec<Row<'_>> = Vec::new();
     for run in runs {
-        let key = |r: &RunRecord| (r.codec.clone(), r.momentum_correction.map(f64::to_bits));
+        let key = |r: &RunRecord| {
+            (
+                r.codec.clone(),
+                r.momentum_correction.map(f64::to_bits),
+                r.link.clone(),
+            )
+        };
         match rows.iter_mut().find(|row| key(row.first()) == key(run)) {
             Some(row) => row.runs.push(run),
             None => rows.push(Row { runs: vec![run] }),
@@ -57,14 +64,13 @@ fn rows(runs: &[RunRecord]) -> Vec<Row<'_>> {
 /// means. The difference column compares means, in accuracy points or in percent of the
 /// baseline's perplexity; it reads `n/a` when no run used `baseline_codec` (without
 /// momentum correction, if such a run exists).
-pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) -> String {
+pub fn render_markdown(
+    runs: &[RunRecord],
+    baseline_codec: &str,
+    command: &str,
+    target: Option<f64>,
+) -> String {
     let metric = common_metric(runs);
-    let rows = rows(runs);
-    let baseline_row = rows
-        .iter()
-        .filter(|r| r.first().codec == baseline_codec)
-        .min_by_key(|r| r.first().momentum_correction.is_some());
-    let baseline = baseline_row.and_then(|r| r.metric(metric)).map(|m| m.0);
     let mut md = String::new();
     let title = match runs.first() {
         Some(r) => format!("{} on {}", r.model, r.dataset),
@@ -98,24 +104,134 @@ pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) 
         );
     }
     let _ = writeln!(md, "- baseline: `{}`\n", escape(baseline_codec));
-    if rows.iter().any(|r| r.runs.len() > 1) {
+    if rows(runs).iter().any(|r| r.runs.len() > 1) {
         let _ = writeln!(
             md,
             "A row with several runs (seeds) gives the mean and, in parentheses, the lowest and \
              highest value; the other columns are means.\n"
         );
     }
+    let base_runs = baseline_runs(runs, baseline_codec);
+    let target = Target::choose(metric, &base_runs, target);
+    if let Some(t) = &target {
+        let _ = writeln!(
+            md,
+            "Time to target: training time (wall-clock without evaluation) until the end of the \
+             first epoch at {} or better, {}; speedup: the baseline's time over the row's, \
+             over the same link.\n",
+            t.label(),
+            t.how
+        );
+    }
+    let links = links_of(runs);
+    if links.len() == 1 && links[0].is_none() {
+        table(&mut md, runs, baseline_codec, target.as_ref());
+    } else {
+        for link in &links {
+            let subset: Vec<RunRecord> = runs.iter().filter(|r| &r.link == link).cloned().collect();
+            let _ = writeln!(md, "## Over {}\n", link_title(link.as_deref()));
+            table(&mut md, &subset, baseline_codec, target.as_ref());
+            md.push('\n');
+        }
+        if let Some(t) = &target {
+            across_links(&mut md, runs, baseline_codec, t, &links);
+        }
+    }
+    if base_runs.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nNo run used the baseline codec `{}`, so there are no differences.",
+            escape(baseline_codec)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n![final {} against bytes per step per worker]({COMPARISON_PNG})",
+        metric.label()
+    );
+    md
+}
 
+/// The runs of the baseline codec: without momentum correction where such runs exist.
+fn baseline_runs<'a>(runs: &'a [RunRecord], baseline_codec: &str) -> Vec<&'a RunRecord> {
+    let all: Vec<&RunRecord> = runs.iter().filter(|r| r.codec == baseline_codec).collect();
+    let plain: Vec<&RunRecord> = all
+        .iter()
+        .copied()
+        .filter(|r| r.momentum_correction.is_none())
+        .collect();
+    if plain.is_empty() {
+        all
+    } else {
+        plain
+    }
+}
+
+/// The distinct links of the runs (`None`: no emulation), slowest first, loopback last.
+pub fn links_of(runs: &[RunRecord]) -> Vec<Option<String>> {
+    let mut links: Vec<Option<String>> = Vec::new();
+    for r in runs {
+        if !links.contains(&r.link) {
+            links.push(r.link.clone());
+        }
+    }
+    links.sort_by_key(|l| link_bits(l.as_deref()).unwrap_or(u64::MAX));
+    links
+}
+
+/// The bandwidth of a recorded link in bits per second; `None` without emulation (or for a
+/// label that does not parse).
+pub fn link_bits(link: Option<&str>) -> Option<u64> {
+    let cfg: gradwire_transport::link::LinkConfig = link?.parse().ok()?;
+    Some(cfg.default.bandwidth.bits_per_sec())
+}
+
+/// A link as a section title.
+fn link_title(link: Option<&str>) -> String {
+    match link {
+        None => "loopback, no link emulation".into(),
+        Some(l) => match link_bits(Some(l)) {
+            Some(b) => format!(
+                "an emulated {} link (`{}`)",
+                human_bits(b as f64),
+                escape(l)
+            ),
+            None => format!("the link `{}`", escape(l)),
+        },
+    }
+}
+
+/// One table of final metrics, bytes, times and (with a target) time to target.
+fn table(md: &mut String, runs: &[RunRecord], baseline_codec: &str, target: Option<&Target>) {
+    let metric = common_metric(runs);
+    let rows = rows(runs);
+    let baseline_row = rows
+        .iter()
+        .filter(|r| r.first().codec == baseline_codec)
+        .min_by_key(|r| r.first().momentum_correction.is_some());
+    let baseline = baseline_row.and_then(|r| r.metric(metric)).map(|m| m.0);
+    let base_time = match (baseline_row, target) {
+        (Some(b), Some(t)) => Some(GroupTime::of(&b.runs, t)),
+        _ => None,
+    };
     let diff_head = match metric {
         Metric::Accuracy => format!("difference from {} (points)", escape(baseline_codec)),
         Metric::Perplexity => format!("difference from {} (%)", escape(baseline_codec)),
     };
+    let tta_head = match target {
+        Some(t) => format!(" time to {} (s) | speedup |", t.label()),
+        None => String::new(),
+    };
     let _ = writeln!(
         md,
-        "| codec | final {} | {diff_head} | bytes per step per worker | compression ratio | total time (s) | comm time (s) |",
+        "| codec | final {} | {diff_head} | bytes per step per worker | compression ratio | total time (s) | comm time (s) |{tta_head}",
         metric.label()
     );
-    let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(
+        md,
+        "|---|--:|--:|--:|--:|--:|--:|{}",
+        if target.is_some() { "--:|--:|" } else { "" }
+    );
     for row in &rows {
         let run = row.first();
         let value = row.metric(metric);
@@ -133,9 +249,17 @@ pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) 
             Some((v, _, _)) if row.runs.len() == 1 => format!("{v:.2}"),
             Some((v, lo, hi)) => format!("{v:.2} ({lo:.2}–{hi:.2})"),
         };
+        let tta = match target {
+            Some(t) => {
+                let time = GroupTime::of(&row.runs, t);
+                let speedup = base_time.and_then(|b| time.speedup_over(&b));
+                format!(" {} | {} |", time.cell(), speedup_cell(speedup))
+            }
+            None => String::new(),
+        };
         let _ = writeln!(
             md,
-            "| {}{}{} | {shown} | {diff} | {} | {:.1}× | {:.1} | {:.1} |",
+            "| {}{}{} | {shown} | {diff} | {} | {:.1}× | {:.1} | {:.1} |{tta}",
             escape(&run.codec),
             run.momentum_correction
                 .map_or(String::new(), |b| format!(" (momentum correction {b})")),
@@ -150,19 +274,86 @@ pub fn render_markdown(runs: &[RunRecord], baseline_codec: &str, command: &str) 
             row.mean(RunRecord::total_comm_s),
         );
     }
-    if baseline.is_none() {
-        let _ = writeln!(
-            md,
-            "\nNo run used the baseline codec `{}`, so there are no differences.",
-            escape(baseline_codec)
+}
+
+/// One row per codec across the links: time to target and speedup at each, and the speed
+/// above which the baseline wins.
+fn across_links(
+    md: &mut String,
+    runs: &[RunRecord],
+    baseline_codec: &str,
+    target: &Target,
+    links: &[Option<String>],
+) {
+    let _ = writeln!(md, "## Time to {} against link speed\n", target.label());
+    let _ = writeln!(
+        md,
+        "Each cell: training seconds to the target (speedup over `{}` over the same link). \
+         The last column is where the baseline starts to win, interpolated on log scales \
+         between the measured speeds.\n",
+        escape(baseline_codec)
+    );
+    let mut head = String::from("| codec |");
+    let mut rule = String::from("|---|");
+    for l in links {
+        let name = match link_bits(l.as_deref()) {
+            Some(b) => human_bits(b as f64),
+            None if l.is_none() => "loopback".into(),
+            None => escape(l.as_deref().unwrap_or_default()),
+        };
+        head.push_str(&format!(" {name} |"));
+        rule.push_str("--:|");
+    }
+    let _ = writeln!(md, "{head} crossover |\n{rule}---|");
+    let per_link: Vec<Vec<RunRecord>> = links
+        .iter()
+        .map(|l| runs.iter().filter(|r| &r.link == l).cloned().collect())
+        .collect();
+    let mut keys: Vec<(String, Option<f64>)> = Vec::new();
+    for r in runs {
+        let key = (r.codec.clone(), r.momentum_correction);
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    for key in keys {
+        let mut line = format!(
+            "| {}{} |",
+            escape(&key.0),
+            key.1
+                .map_or(String::new(), |b| format!(" (momentum correction {b})"))
         );
+        let mut curve = SpeedupCurve { points: Vec::new() };
+        for (l, subset) in links.iter().zip(&per_link) {
+            let mine: Vec<&RunRecord> = subset
+                .iter()
+                .filter(|r| r.codec == key.0 && r.momentum_correction == key.1)
+                .collect();
+            let base: Vec<&RunRecord> = baseline_runs(subset, baseline_codec);
+            if mine.is_empty() {
+                line.push_str(" – |");
+                continue;
+            }
+            let time = GroupTime::of(&mine, target);
+            let base_time = GroupTime::of(&base, target);
+            let speedup = time.speedup_over(&base_time);
+            curve
+                .points
+                .push((link_bits(l.as_deref()), speedup, base_time.mean_s.is_some()));
+            line.push_str(&format!(" {} ({}) |", time.cell(), speedup_cell(speedup)));
+        }
+        let cross = if key.0 == baseline_codec && key.1.is_none() {
+            "(baseline)".to_string()
+        } else {
+            curve.crossover().cell()
+        };
+        let _ = writeln!(md, "{line} {cross} |");
     }
     let _ = writeln!(
         md,
-        "\n![final {} against bytes per step per worker]({COMPARISON_PNG})",
-        metric.label()
+        "\n![time to {} against link speed]({TIME_TO_ACCURACY_PNG})",
+        target.label()
     );
-    md
 }
 
 /// `value` against `base`: signed accuracy points, or signed percent of the base perplexity.
@@ -201,7 +392,7 @@ mod tests {
             sample_run("dense", &[0.70, 0.8512], 4_000_000),
             sample_run("topk:0.01", &[0.60, 0.8312], 40_000),
         ];
-        let md = render_markdown(&runs, "dense", "gradwire train --codec topk:0.01");
+        let md = render_markdown(&runs, "dense", "gradwire train --codec topk:0.01", None);
         assert!(md.contains("gradwire train --codec topk:0.01"), "{md}");
         assert!(md.contains("- workers: 4"), "{md}");
         assert!(md.contains("- epochs: 2"), "{md}");
@@ -228,7 +419,7 @@ mod tests {
             run.epochs[0].test_accuracy = None;
             run.epochs[0].val_perplexity = Some(ppl);
         }
-        let md = render_markdown(&runs, "dense", "gradwire report");
+        let md = render_markdown(&runs, "dense", "gradwire report", None);
         assert!(md.contains("final val perplexity"), "{md}");
         assert!(md.contains("| qsgd | 42.00 | +5.0% |"), "{md}");
     }
@@ -247,7 +438,7 @@ mod tests {
         for (i, r) in runs.iter_mut().enumerate() {
             r.seed = Some(i as u64);
         }
-        let md = render_markdown(&runs, "dense", "gradwire report --seeds 1,2,3");
+        let md = render_markdown(&runs, "dense", "gradwire report --seeds 1,2,3", None);
         // dense: mean 81, range 80-82; baseline.
         assert!(
             md.contains("| dense ×2 runs | 81.00 (80.00–82.00) | (baseline) |"),
@@ -269,11 +460,51 @@ mod tests {
     #[test]
     fn missing_baseline_says_so() {
         let runs = [sample_run("onebit", &[0.5], 1000)];
-        let md = render_markdown(&runs, "dense", "x");
+        let md = render_markdown(&runs, "dense", "x", None);
         assert!(md.contains("| onebit | 50.00 | n/a |"), "{md}");
         assert!(
             md.contains("No run used the baseline codec `dense`"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn links_get_a_table_each_and_a_time_to_target_row_per_codec() {
+        // dense reaches 88% in every epoch's second half; the codec is faster on the slow
+        // link and slower on the fast one.
+        let run = |codec: &str, link: &str, wall: [f64; 2]| {
+            let mut r = sample_run(codec, &[0.70, 0.90], 1000);
+            r.link = Some(link.to_string());
+            for (e, w) in r.epochs.iter_mut().zip(wall) {
+                e.wall_s = w;
+                e.eval_s = 1.0;
+            }
+            r
+        };
+        let runs = [
+            run("dense", "100mbit", [41.0, 41.0]),
+            run("topk:ratio=0.01", "100mbit", [11.0, 11.0]),
+            run("dense", "10gbit", [11.0, 11.0]),
+            run("topk:ratio=0.01", "10gbit", [41.0, 41.0]),
+        ];
+        let md = render_markdown(
+            &runs,
+            "dense",
+            "gradwire report --link 100mbit --link 10gbit",
+            None,
+        );
+        // The target: dense's 90% minus half a point, reached at the end of epoch 2.
+        assert!(md.contains("at 89.50% or better"), "{md}");
+        assert!(md.contains("## Over an emulated 100 Mbit/s link"), "{md}");
+        assert!(md.contains("## Over an emulated 10 Gbit/s link"), "{md}");
+        // Slow link: dense 80 s, top-k 20 s, 4x; fast link: the reverse.
+        assert!(md.contains("| 80.0 | 1.00× |"), "{md}");
+        assert!(md.contains("| 20.0 | 4.00× |"), "{md}");
+        assert!(md.contains("| 80.0 | 0.25× |"), "{md}");
+        assert!(
+            md.contains("| topk:ratio=0.01 | 20.0 (4.00×) | 80.0 (0.25×) | baseline faster above ~1 Gbit/s |"),
+            "{md}"
+        );
+        assert!(md.contains("(time-to-accuracy.png)"), "{md}");
     }
 }

@@ -264,6 +264,7 @@ impl Plan {
             seed: Some(self.train.seed),
             provenance: Some(crate::records::Provenance::current()),
             engine: None,
+            link: self.link.as_ref().map(link_label),
         }
     }
 }
@@ -740,6 +741,16 @@ fn rank_path(path: &Path, rank: usize) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// A link config as run.json records it: the default interface, then each rank's own
+/// (`1gbit,50000ns;rank3=100mbit,50000ns`).
+fn link_label(cfg: &LinkConfig) -> String {
+    let mut s = cfg.default.to_string();
+    for (rank, spec) in &cfg.ranks {
+        s.push_str(&format!(";rank{rank}={spec}"));
+    }
+    s
+}
+
 /// Steps per epoch as the trainer computes them (each rank's shard over its batch).
 fn steps_per_epoch(train_len: usize, world: usize, cfg: &TrainConfig) -> usize {
     let s = (train_len / world.max(1)) / cfg.batch_size.max(1);
@@ -753,6 +764,7 @@ pub(crate) fn record(s: &EpochStats) -> EpochRecord {
         test_accuracy: s.test_accuracy,
         val_perplexity: s.val_perplexity,
         wall_s: s.wall_s,
+        eval_s: s.eval_s,
         compute_s: s.compute_s,
         comm_s: s.comm_s,
         bytes_sent: s.bytes_sent,

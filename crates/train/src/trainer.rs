@@ -98,6 +98,9 @@ pub struct EpochStats {
     pub val_perplexity: Option<f64>,
     /// Wall-clock seconds of the epoch, evaluation included.
     pub wall_s: f64,
+    /// Seconds of the epoch's evaluation (part of `wall_s`; training time is the rest).
+    #[serde(default)]
+    pub eval_s: f64,
     /// Seconds in forward/backward, the optimizer and the parameter write-back.
     pub compute_s: f64,
     /// Seconds in gradient synchronization.
@@ -320,12 +323,14 @@ impl<S: GradientSync> Trainer<S> {
         }
         let mut mean_loss = [loss_sum / steps as f64];
         self.sync.average_metrics(&mut mean_loss)?;
+        let t_eval = Instant::now();
         let eval = match self.config.eval {
             EvalMode::All => Some(self.evaluate(&data.test)?),
             EvalMode::Rank0 if rank == 0 => Some(self.evaluate(&data.test)?),
             EvalMode::Rank0 | EvalMode::Off => None,
             EvalMode::Sharded => Some(self.evaluate_sharded(&data.test)?),
         };
+        let eval_s = t_eval.elapsed().as_secs_f64();
         let (mut test_accuracy, mut val_perplexity) = (None, None);
         if let Some(e) = eval {
             test_accuracy = Some(e.accuracy());
@@ -339,6 +344,7 @@ impl<S: GradientSync> Trainer<S> {
             test_accuracy,
             val_perplexity,
             wall_s: t_epoch.elapsed().as_secs_f64(),
+            eval_s,
             compute_s,
             comm_s: total.comm_s,
             bytes_sent: total.bytes_sent,
