@@ -4,6 +4,7 @@
 //! that the ranks of a job reach each other and reduce correctly; `bench` measures
 //! collectives and codecs.
 
+mod auto_codec;
 mod bench;
 mod bench_allreduce;
 mod bench_codecs;

@@ -133,6 +133,9 @@ pub struct RunRecord {
     /// The emulated link the run trained over (`--link`), absent without emulation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<String>,
+    /// What `--codec auto` chose per tensor, with every candidate's predicted time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codec_choice: Option<serde_json::Value>,
 }
 
 impl RunRecord {
@@ -284,6 +287,7 @@ pub(crate) mod tests {
             provenance: None,
             engine: None,
             link: None,
+            codec_choice: None,
         }
     }
 

@@ -65,9 +65,15 @@ pub struct TrainArgs {
     #[arg(long)]
     pub workers: Option<usize>,
     /// Gradient codec spec, e.g. none, fp16, onebit, topk:ratio=0.01, qsgd:bits=4,
-    /// dgc:ratio=0.001 [default: none].
+    /// dgc:ratio=0.001 [default: none]. `auto` chooses per tensor, from --auto-codecs, the
+    /// codec (or none) the cost model predicts to be fastest over this job's link and world
+    /// size; run.json records the choice and the predictions (`codec_choice`).
     #[arg(long)]
-    pub codec: Option<CodecConfig>,
+    pub codec: Option<crate::auto_codec::CodecArg>,
+    /// The candidates of `--codec auto`, comma-separated [default: none,fp16,qsgd:bits=4,
+    /// terngrad: the codecs within a point of dense on LeNet in paper mode].
+    #[arg(long, value_name = "LIST")]
+    pub auto_codecs: Option<String>,
     /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
     /// [default: auto]; or a parameter server: ps-sync, ps-async (Downpour), ps-ssp:S
     /// (see --servers).
@@ -248,13 +254,19 @@ pub struct Plan {
     pub ps: Option<crate::train_ps::PsPlan>,
     /// Where rank 0 writes its final parameters.
     pub save_params: Option<PathBuf>,
+    /// What `--codec auto` chose (its rules are in `rules`, after the user's).
+    pub codec_choice: Option<crate::auto_codec::Choice>,
 }
 
 impl Plan {
     /// The run's record before its first epoch: setup, seed and provenance.
     pub(crate) fn run_record(&self, world: usize, steps_per_epoch: usize) -> RunRecord {
         RunRecord {
-            codec: self.codec.to_string(),
+            codec: if self.codec_choice.is_some() {
+                "auto".into()
+            } else {
+                self.codec.to_string()
+            },
             model: self.model.to_string(),
             dataset: self.dataset.name().into(),
             workers: world,
@@ -265,6 +277,10 @@ impl Plan {
             provenance: Some(crate::records::Provenance::current()),
             engine: None,
             link: self.link.as_ref().map(link_label),
+            codec_choice: self
+                .codec_choice
+                .as_ref()
+                .and_then(|c| serde_json::to_value(c).ok()),
         }
     }
 }
@@ -335,11 +351,20 @@ impl TrainArgs {
         if workers == 0 || (host.launched.is_none() && workers > 64) {
             bail!("--workers must be between 1 and 64");
         }
-        let mut codec = match &self.codec {
+        let dense = CodecConfig::None(gradwire_codec::CastConfig::default());
+        let codec_arg = match &self.codec {
             Some(c) => c.clone(),
             None => from_file(name, "codec", file.codec)?
-                .unwrap_or(CodecConfig::None(gradwire_codec::CastConfig::default())),
+                .unwrap_or(crate::auto_codec::CodecArg::Codec(dense.clone())),
         };
+        let auto = codec_arg == crate::auto_codec::CodecArg::Auto;
+        let mut codec = match codec_arg {
+            crate::auto_codec::CodecArg::Auto => dense,
+            crate::auto_codec::CodecArg::Codec(c) => c,
+        };
+        if !auto && self.auto_codecs.is_some() {
+            bail!("--auto-codecs goes with --codec auto");
+        }
         let sync = match self.sync {
             Some(s) => s,
             None => from_file(name, "sync", file.sync)?.unwrap_or_default(),
@@ -386,6 +411,12 @@ impl TrainArgs {
             .momentum_correction
             .or(file.momentum_correction)
             .unwrap_or_default();
+        if auto && mode == MomentumMode::On {
+            bail!(
+                "--momentum-correction on with --codec auto: the correction is per codec, and \
+                 auto mixes codecs per tensor; use --momentum-correction auto"
+            );
+        }
         let mut momentum_correction = None;
         let allow_adaptive = self.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true);
         if codec.id() == CodecId::Dgc
@@ -486,7 +517,36 @@ impl TrainArgs {
             out,
             ps: None,
             save_params: self.ps.save_params.clone(),
+            codec_choice: None,
         };
+        if auto {
+            if ps_mode.is_some() {
+                bail!(
+                    "--codec auto chooses codecs for the all-reduce engine, not a parameter server"
+                );
+            }
+            let list = self
+                .auto_codecs
+                .as_deref()
+                .unwrap_or(crate::auto_codec::DEFAULT_CANDIDATES);
+            let candidates = crate::auto_codec::candidates(list)?;
+            let tensors = model_tensors(plan.model, plan.dataset)?;
+            let choice = crate::auto_codec::choose(
+                &tensors,
+                plan.workers,
+                plan.link.as_ref(),
+                plan.fusion_bytes,
+                &candidates,
+            )?;
+            tracing::info!(
+                "--codec auto over {} at {} workers: {}",
+                choice.link,
+                plan.workers,
+                choice.summary()
+            );
+            plan.rules.extend(choice.rules()?);
+            plan.codec_choice = Some(choice);
+        }
         plan.ps = crate::train_ps::plan(
             ps_mode,
             &crate::train_ps::PlanContext {
@@ -499,6 +559,33 @@ impl TrainArgs {
         )?;
         Ok(plan)
     }
+}
+
+/// The gradient tensors of `model` on `dataset` (names, shapes, roles), as the engine will
+/// see them; image data sets only (a language model's shape needs the text's vocabulary).
+fn model_tensors(
+    model: ModelKind,
+    dataset: DatasetKind,
+) -> Result<Vec<gradwire_engine::TensorSpec>> {
+    let shape = match dataset {
+        DatasetKind::FashionMnist | DatasetKind::Mnist => [1, 28, 28],
+        DatasetKind::Cifar10 => [3, 32, 32],
+        other => bail!(
+            "--codec auto needs an image data set to know the model's tensors; {} is text",
+            other.name()
+        ),
+    };
+    let built = model
+        .build(
+            gradwire_train::data::DataShape::Image { shape, classes: 10 },
+            0,
+        )
+        .with_context(|| format!("building {model} to list its tensors"))?;
+    Ok(built
+        .tensors()
+        .into_iter()
+        .map(|t| gradwire_engine::TensorSpec::new(t.name, t.shape).with_role(t.role))
+        .collect())
 }
 
 /// The optimizer a model trains well with here.
@@ -612,7 +699,10 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             plan.dataset.name(),
             data.train.len(),
             data.test.len(),
-            plan.codec,
+            match &plan.codec_choice {
+                Some(c) => format!("auto ({})", c.summary()),
+                None => plan.codec.to_string(),
+            },
             plan.momentum_correction
                 .map_or(String::new(), |(b, _)| format!(" (momentum correction {b})")),
             steps,
