@@ -18,12 +18,14 @@
 //! | 128 | consumer pid, consumer state | 2 × atomic u32 |
 //! | 192 | head: bytes written so far | atomic u64 |
 //! | 256 | tail: bytes read so far | atomic u64 |
+//! | 320 | consumer asleep on `head` (futex), 0 or 1 | atomic u32 |
+//! | 384 | producer asleep on `tail` (futex), 0 or 1 | atomic u32 |
 //! | 4096 | data: `capacity` bytes, a byte stream of frames `len: u64` + payload | |
 
 /// First bytes of every ring file.
 pub const MAGIC: [u8; 8] = *b"GWSHMRG1";
-/// Layout version.
-pub const VERSION: u32 = 1;
+/// Layout version (2: the sleeping flags at 320 and 384).
+pub const VERSION: u32 = 2;
 /// Bytes before the data area (one page).
 pub const HEADER_LEN: usize = 4096;
 /// Smallest data area.
@@ -38,6 +40,8 @@ pub(crate) const OFF_CONSUMER_PID: usize = 128;
 pub(crate) const OFF_CONSUMER_STATE: usize = 132;
 pub(crate) const OFF_HEAD: usize = 192;
 pub(crate) const OFF_TAIL: usize = 256;
+pub(crate) const OFF_CONSUMER_ASLEEP: usize = 320;
+pub(crate) const OFF_PRODUCER_ASLEEP: usize = 384;
 
 /// The static fields of a ring header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,17 @@
 //! `head` (bytes written) belongs to the producer and `tail` (bytes read) to the consumer;
 //! both only grow, and a position maps to the data area modulo the capacity (a power of two),
 //! so every access is in bounds whatever the peer writes. Data is published with a release
-//! store of `head` and acknowledged with a release store of `tail`.
+//! store of `head` and acknowledged with a release store of `tail`. Each side caches the
+//! other's position and reloads it only when the cached one leaves it no room (producer) or
+//! no data (consumer), so a small message costs one load of the peer's cache line per side.
+//!
+//! Sleeping: a party that has waited long enough sets its "asleep" flag in the header and
+//! sleeps on the peer's position word with a futex ([`Ring::sleep`]); the peer, after
+//! publishing its position, checks the flag (Dekker-style, a sequentially consistent fence
+//! on both sides) and wakes it. The futex compares the low 32 bits of the position, which
+//! cannot wrap around to the same value while the sleeper waits (the ring holds at most
+//! 2^30 bytes), so no wake-up is lost. Futex waits always have a timeout: a peer that never
+//! wakes us (it died) is still noticed by the caller's checks.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -11,11 +21,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use super::header::{
-    self, HeaderError, RingHeader, HEADER_LEN, OFF_CONSUMER_PID, OFF_CONSUMER_STATE, OFF_HEAD,
-    OFF_PRODUCER_ABORT, OFF_PRODUCER_PID, OFF_PRODUCER_STATE, OFF_TAIL,
+    self, HeaderError, RingHeader, HEADER_LEN, OFF_CONSUMER_ASLEEP, OFF_CONSUMER_PID,
+    OFF_CONSUMER_STATE, OFF_HEAD, OFF_PRODUCER_ABORT, OFF_PRODUCER_ASLEEP, OFF_PRODUCER_PID,
+    OFF_PRODUCER_STATE, OFF_TAIL,
 };
 
 /// A party's state in the header: not yet joined.
@@ -40,6 +52,8 @@ pub(crate) struct Ring {
     role: Role,
     /// Our copy of our own position (we are its only writer).
     pos: u64,
+    /// The peer's position as last loaded (checked against ours when loaded).
+    peer_pos: u64,
     /// Whether we claimed our role in the header (only then do we mark it closed on drop).
     claimed: bool,
 }
@@ -112,6 +126,7 @@ impl Ring {
             Role::Producer => ring.u64_at(OFF_HEAD).load(Ordering::Acquire),
             Role::Consumer => ring.u64_at(OFF_TAIL).load(Ordering::Acquire),
         };
+        ring.peer_pos = ring.pos;
         Ok(Some(ring))
     }
 
@@ -136,6 +151,7 @@ impl Ring {
             capacity,
             role,
             pos: 0,
+            peer_pos: 0,
             claimed: false,
         })
     }
@@ -192,8 +208,9 @@ impl Ring {
         self.u64_at(OFF_HEAD).store(v, Ordering::Release);
     }
 
-    /// Head and tail, checked: never more than the capacity apart.
-    fn positions(&self) -> Result<(u64, u64), HeaderError> {
+    /// Head and tail with the peer's position freshly loaded, checked: never more than the
+    /// capacity apart.
+    fn positions(&mut self) -> Result<(u64, u64), HeaderError> {
         let (head, tail) = match self.role {
             Role::Producer => (self.pos, self.u64_at(OFF_TAIL).load(Ordering::Acquire)),
             Role::Consumer => (self.u64_at(OFF_HEAD).load(Ordering::Acquire), self.pos),
@@ -205,7 +222,65 @@ impl Ring {
                 capacity: self.capacity,
             });
         }
+        self.peer_pos = match self.role {
+            Role::Producer => tail,
+            Role::Consumer => head,
+        };
         Ok((head, tail))
+    }
+
+    /// Producer: free bytes, from the cached tail while it leaves room for `want` bytes.
+    fn free(&mut self, want: usize) -> Result<usize, HeaderError> {
+        let cached = (self.capacity - self.pos.wrapping_sub(self.peer_pos)) as usize;
+        if cached >= want {
+            return Ok(cached);
+        }
+        let (head, tail) = self.positions()?;
+        Ok((self.capacity - head.wrapping_sub(tail)) as usize)
+    }
+
+    /// Consumer: readable bytes, from the cached head while it has any.
+    fn avail(&mut self) -> Result<usize, HeaderError> {
+        let cached = self.peer_pos.wrapping_sub(self.pos) as usize;
+        if cached > 0 {
+            return Ok(cached);
+        }
+        let (head, tail) = self.positions()?;
+        Ok(head.wrapping_sub(tail) as usize)
+    }
+
+    /// Publishes our position, and wakes the peer if it sleeps on it.
+    fn publish(&self) {
+        let (pos_off, asleep_off) = match self.role {
+            Role::Producer => (OFF_HEAD, OFF_CONSUMER_ASLEEP),
+            Role::Consumer => (OFF_TAIL, OFF_PRODUCER_ASLEEP),
+        };
+        self.u64_at(pos_off).store(self.pos, Ordering::Release);
+        // Pairs with the fence in `sleep`: either the sleeper sees our position, or we see
+        // its flag.
+        fence(Ordering::SeqCst);
+        if self.u32_at(asleep_off).load(Ordering::Relaxed) != 0 {
+            futex_wake(self.u32_at(pos_off));
+        }
+    }
+
+    /// Sleeps until the peer moves its position (new data for a consumer, new room for a
+    /// producer), at most `timeout` (spurious wake-ups are possible).
+    pub(crate) fn sleep(&self, timeout: Duration) {
+        let (peer_off, asleep_off) = match self.role {
+            Role::Producer => (OFF_TAIL, OFF_PRODUCER_ASLEEP),
+            Role::Consumer => (OFF_HEAD, OFF_CONSUMER_ASLEEP),
+        };
+        let asleep = self.u32_at(asleep_off);
+        asleep.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let word = self.u32_at(peer_off);
+        // The low half of the little-endian u64 position.
+        let seen = self.peer_pos as u32;
+        if word.load(Ordering::Relaxed) == seen {
+            futex_wait(word, seen, timeout);
+        }
+        asleep.store(0, Ordering::Relaxed);
     }
 
     /// Pointer to the data byte at stream position `pos`, and how many bytes follow it
@@ -218,26 +293,36 @@ impl Ring {
         (p, self.capacity as usize - off)
     }
 
-    /// Producer: copies as much of `src` as fits; returns the bytes written.
-    pub(crate) fn write_some(&mut self, src: &[u8]) -> Result<usize, HeaderError> {
+    /// Producer: copies as much of `a` then `b` as fits, published at once; returns the
+    /// bytes written (of `a` first).
+    pub(crate) fn write_parts(&mut self, a: &[u8], b: &[u8]) -> Result<usize, HeaderError> {
         debug_assert_eq!(self.role, Role::Producer);
-        let (head, tail) = self.positions()?;
-        let free = (self.capacity - head.wrapping_sub(tail)) as usize;
-        let n = free.min(src.len());
+        let free = self.free(a.len() + b.len())?;
         let mut done = 0;
-        while done < n {
-            let (p, room) = self.at(head.wrapping_add(done as u64));
-            let k = room.min(n - done);
+        for part in [a, b] {
+            let n = (free - done).min(part.len());
+            self.copy_in(self.pos.wrapping_add(done as u64), &part[..n]);
+            done += n;
+        }
+        if done > 0 {
+            self.pos = self.pos.wrapping_add(done as u64);
+            self.publish();
+        }
+        Ok(done)
+    }
+
+    /// Copies `src` into the data area from stream position `at` on (wrapping around).
+    fn copy_in(&self, at: u64, src: &[u8]) {
+        let mut done = 0;
+        while done < src.len() {
+            let (p, room) = self.at(at.wrapping_add(done as u64));
+            let k = room.min(src.len() - done);
             // SAFETY: `p..p+k` lies in the data area (see `at`) and in the free part of
-            // the ring, which the consumer does not read until `head` is published.
+            // the ring (the caller checked `free`), which the consumer does not read until
+            // `head` is published.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(done), p, k) };
             done += k;
         }
-        if n > 0 {
-            self.pos = head.wrapping_add(n as u64);
-            self.u64_at(OFF_HEAD).store(self.pos, Ordering::Release);
-        }
-        Ok(n)
     }
 
     /// Consumer: copies up to `dst.len()` available bytes into `dst` (raw, so a caller can
@@ -251,8 +336,8 @@ impl Ring {
         len: usize,
     ) -> Result<usize, HeaderError> {
         debug_assert_eq!(self.role, Role::Consumer);
-        let (head, tail) = self.positions()?;
-        let n = (head.wrapping_sub(tail) as usize).min(len);
+        let n = self.avail()?.min(len);
+        let tail = self.pos;
         let mut done = 0;
         while done < n {
             let (p, room) = self.at(tail.wrapping_add(done as u64));
@@ -264,7 +349,7 @@ impl Ring {
         }
         if n > 0 {
             self.pos = tail.wrapping_add(n as u64);
-            self.u64_at(OFF_TAIL).store(self.pos, Ordering::Release);
+            self.publish();
         }
         Ok(n)
     }
@@ -279,6 +364,56 @@ impl Drop for Ring {
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
     }
 }
+
+/// Sleeps while `*word == seen`, at most `timeout` (a shared, not process-private, futex:
+/// the word lives in a mapping shared with another process).
+#[cfg(target_os = "linux")]
+fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 for the whole call; `ts` outlives it. Any
+    // outcome (woken, timed out, value changed, interrupted) is fine for the caller, which
+    // rechecks the ring.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes every sleeper on `word`.
+#[cfg(target_os = "linux")]
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a valid, aligned u32; FUTEX_WAKE only reads its address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Without futexes: a short sleep (the peer cannot wake us).
+#[cfg(not(target_os = "linux"))]
+fn futex_wait(_word: &AtomicU32, _seen: u32, timeout: Duration) {
+    std::thread::sleep(timeout.min(Duration::from_micros(50)));
+}
+
+#[cfg(not(target_os = "linux"))]
+fn futex_wake(_word: &AtomicU32) {}
 
 /// Why a ring could not be opened.
 #[derive(Debug)]

@@ -86,6 +86,85 @@ fn large_duplex_through_small_rings_does_not_deadlock() {
     }
 }
 
+/// A rank asleep on a ring (futex, a 60 s nap) is woken by its peer's publish: for data
+/// (consumer) and for room (producer). A lost wake-up would sleep the full minute.
+#[test]
+fn sleeping_ranks_are_woken_by_the_peer() {
+    let mut w = world(2, 4096);
+    let mut b = w.pop().unwrap();
+    let mut a = w.pop().unwrap();
+    let nap = Duration::from_secs(60);
+    // Consumer: b sleeps on its empty ring from a until a sends.
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        b.rx[0].as_ref().unwrap().sleep(nap);
+        let mut got = [0u8; 3];
+        b.recv_into(0, &mut got).unwrap();
+        tx.send(got).unwrap();
+        b
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    a.send(1, b"abc").unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), *b"abc");
+    let mut b = h.join().unwrap();
+    // Producer: a fills the 4 KiB ring (8-byte length + 4088 bytes) and sleeps for room.
+    let big = vec![7u8; 4088];
+    a.send(1, &big).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        a.tx[1].as_ref().unwrap().sleep(nap);
+        a.send(1, b"after").unwrap();
+        tx.send(()).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let mut got = Vec::new();
+    b.recv(0, &mut got).unwrap();
+    assert_eq!(got, big);
+    rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    b.recv(0, &mut got).unwrap();
+    assert_eq!(got, b"after");
+    h.join().unwrap();
+}
+
+/// Every wait policy (sleeping at once included) moves the same bytes: large messages
+/// through small rings both ways, and small ones.
+#[test]
+fn every_wait_policy_delivers() {
+    let policies = [
+        WaitPolicy {
+            spin: Duration::ZERO,
+            yield_for: Duration::ZERO,
+        },
+        WaitPolicy {
+            spin: Duration::from_micros(20),
+            yield_for: Duration::ZERO,
+        },
+        WaitPolicy::new(),
+    ];
+    for policy in policies {
+        let hs: Vec<_> = world(3, 4096)
+            .into_iter()
+            .map(|mut t| {
+                t.wait = policy;
+                std::thread::spawn(move || {
+                    let me = t.rank();
+                    let (right, left) = ((me + 1) % 3, (me + 2) % 3);
+                    for (i, len) in [0usize, 5, 4089, 100_000, 1 << 20].into_iter().enumerate() {
+                        let msg: Vec<u8> = (0..len).map(|k| (k * 7 + me + i) as u8).collect();
+                        let mut out = vec![0u8; len];
+                        t.send_recv_into(right, &msg, left, &mut out).unwrap();
+                        let want: Vec<u8> = (0..len).map(|k| (k * 7 + left + i) as u8).collect();
+                        assert!(out == want, "{policy:?} rank {me} message {i}");
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    }
+}
+
 #[test]
 fn size_mismatch_is_reported_and_stream_stays_usable() {
     let mut w = world(2, 4096);
@@ -266,12 +345,15 @@ fn reads_env() {
             "GRADWIRE_WORLD_SIZE" => Some("4"),
             "GRADWIRE_TOKEN" => Some("tok"),
             "GRADWIRE_SHM_RING_BYTES" => Some("65536"),
+            "GRADWIRE_SHM_SPIN_US" => Some("7"),
             _ => None,
         }
         .map(String::from)
     };
     let c = config_from(get).unwrap().unwrap();
     assert_eq!((c.rank, c.world_size, c.ring_bytes), (1, 4, 65536));
+    assert_eq!(c.wait.spin, Duration::from_micros(7));
+    assert_eq!(c.wait.yield_for, WaitPolicy::new().yield_for);
     assert!(c.job.starts_with("tok@"));
     let bad = |k: &str| {
         match k {
