@@ -30,8 +30,13 @@
 //! `q = gap / 16` one-bits, a zero, the 4-bit remainder, then the sign bit (1 = `-mu_neg`).
 //!
 //! Message size is bounded: when sampling under-estimated the thresholds and
-//! more than `max_excess * pi * len` entries of a column qualify, only that many (the largest
-//! `|x|`) are sent and the rest go back to the residual.
+//! more than `max(ceil(max_excess * pi * len), 2)` entries of a column qualify, only that many
+//! (the largest `|x|`) are sent and the rest go back to the residual. The floor of 2 keeps
+//! the one entry of each sign the quantiles always select: without it a column shorter than
+//! `1 / (max_excess * pi)` (32 elements at the defaults: LeNet's conv1 filters of 25, its
+//! output rows of 10, small biases) was cut to its single largest `|x|`, one sign per step.
+//! Deviation: LBANN caps the whole matrix at `MAX_QUANTIZED_EXCESS * n / proportion`, trimming
+//! from the last columns; per column here, so no column loses its entries to another's.
 //!
 //! Wire layout (little-endian):
 //! ```text
@@ -269,7 +274,8 @@ impl Adaptive {
                     self.cand.push(i as u32);
                 }
             }
-            let cap = k_for(self.cfg.max_excess * pi, len);
+            // The quantiles send at least one entry of each sign: the cap never cuts below 2.
+            let cap = k_for(self.cfg.max_excess * pi, len).max(2).min(len);
             cut_to_k(x, cap, &mut self.cand, &mut self.scratch);
             let (mut sp, mut np, mut sn, mut nn) = (0f64, 0u64, 0f64, 0u64);
             for &i in &self.cand {
@@ -708,6 +714,28 @@ mod tests {
         assert_eq!(c.cols.len(), 10);
         assert_eq!(s.indices.len(), 10 * 50);
         assert!(s.values.iter().all(|&v| v == 1.0));
+    }
+
+    /// A column shorter than `1 / (max_excess * pi)` (LeNet's output rows of 10, conv1's
+    /// filters of 25, its biases): the quantile sends the largest entry of each sign, and the
+    /// cap must not cut that to one entry (it used to: `ceil(2 * 10 / 64) = 1`, so such a
+    /// column sent only its largest `|x|`, one sign, per step).
+    #[test]
+    fn short_columns_send_one_entry_of_each_sign() {
+        let g = [0.1f32, -0.4, 0.3, 0.05, -0.2, 0.0, 0.25, -0.1, 0.2, -0.05];
+        let mut c = codec("adaptive", vec![10]);
+        let mut s = SparseGrad::default();
+        c.select(&g, &mut s);
+        assert_eq!(s.indices, vec![1, 2]);
+        assert_eq!(s.values, vec![-0.4, 0.3]);
+        let mut want = g.to_vec();
+        want[1] = 0.0;
+        want[2] = 0.0;
+        assert_eq!(c.residual(), &want[..]);
+        // One sign only: one entry.
+        let mut c = codec("adaptive", vec![4]);
+        c.select(&[0.5, 0.25, 0.0, 1.0], &mut s);
+        assert_eq!((s.indices.clone(), s.values.clone()), (vec![3], vec![1.0]));
     }
 
     #[test]
