@@ -24,6 +24,7 @@ mod simulate;
 mod size;
 mod train;
 mod train_ps;
+mod train_sandblaster;
 mod world;
 
 use clap::{Parser, Subcommand};

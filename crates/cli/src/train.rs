@@ -76,7 +76,8 @@ pub struct TrainArgs {
     pub auto_codecs: Option<String>,
     /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
     /// [default: auto]; or a parameter server: ps-sync, ps-async (Downpour), ps-ssp:S
-    /// (see --servers).
+    /// (see --servers), sandblaster (DistBelief's batch L-BFGS: one epoch is --sb-iters
+    /// L-BFGS steps over the --sb-batch full batch).
     #[arg(long)]
     pub sync: Option<crate::train_ps::SyncMode>,
     /// A per-tensor codec rule, `SELECTOR=>CODEC[@STRATEGY]`, first match wins; selectors

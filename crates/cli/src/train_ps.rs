@@ -17,8 +17,19 @@
 //!   (as DistBelief) or plain SGD: server-side momentum applied to every stale worker's push
 //!   multiplies the step (4 workers with momentum 0.9 diverged on the MLP; rank 0 warns).
 //! - `ps-ssp:S`: stale synchronous parallel with bound S (reporting as `ps-async`).
-//! - `sandblaster`: refused here for now (the L-BFGS library is `gradwire_ps::sandblaster`,
-//!   tested on logistic regression; it is not wired to the models yet).
+//! - `sandblaster`: DistBelief's batch L-BFGS on the same models and data
+//!   (`crate::train_sandblaster`): a coordinator, `--workers` worker threads and the shards;
+//!   one epoch is `--sb-iters` accepted L-BFGS steps.
+//!
+//! `--codec C` compresses every worker's push of the parameter table with gradwire codec `C`
+//! (the shards `decode_add`), with error feedback at the worker (a residual per chunk):
+//! error feedback is always on for compressed pushes (`ef=true` is forced into the spec).
+//! `--push-codec SPEC` takes the ps crate's push-codec grammar instead, which adds MXNet's
+//! 2-bit quantizer (`2bit[:threshold=T]`, default 0.5, with its own residual). Pulls stay
+//! dense f32. PowerSGD (its factors need an all-reduce) and DGC (it owns its momentum, which
+//! the shards' updater would apply again) are refused by name; `none`/`fp32` are dense.
+//! Bytes in the JSON lines are the measured frame bytes, and `compression_ratio` is the dense
+//! push size over the measured push frames (headers included).
 //!
 //! The server-side updater mirrors `--optimizer` (`gradwire_train::sync::ps::mirror_optimizer`):
 //! SGD, SGD with momentum, Adagrad (DistBelief) and Adam, constant rate; anything else is
@@ -38,7 +49,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gradwire_codec::{CodecConfig, CodecId};
-use gradwire_ps::{Consistency, DeadPolicy, UpdaterSpec};
+use gradwire_ps::{Consistency, DeadPolicy, PushCodec, UpdaterSpec};
 use gradwire_train::sync::ps::mirror_optimizer;
 use gradwire_train::{
     EvalMode, OptimizerConfig, OptimizerKind, PsConfig, PsSync, StepInfo, SyncStrategy, Trainer,
@@ -68,7 +79,7 @@ impl Default for SyncMode {
 pub enum PsMode {
     /// `ps-sync`, `ps-async` or `ps-ssp:S`.
     Table(Consistency),
-    /// `sandblaster`: DistBelief's batch L-BFGS (refused by `train` for now).
+    /// `sandblaster`: DistBelief's batch L-BFGS (`crate::train_sandblaster`).
     Sandblaster,
 }
 
@@ -144,12 +155,53 @@ pub struct PsArgs {
     /// Write rank 0's final flat parameters to this file (little-endian f32).
     #[arg(long, value_name = "FILE")]
     pub save_params: Option<PathBuf>,
+    /// Compress pushes with this push codec (ps-sync, ps-async, ps-ssp): `2bit` (MXNet's
+    /// 2-bit quantizer, `2bit:threshold=0.5`), `dense`, or any gradwire codec spec (as
+    /// --codec) [default: --codec's].
+    #[arg(long, value_name = "SPEC")]
+    pub push_codec: Option<PushCodec>,
+    /// Sandblaster: accepted L-BFGS steps per epoch (one JSON line each) [default: 10].
+    #[arg(long)]
+    pub sb_iters: Option<usize>,
+    /// Sandblaster: L-BFGS history length m [default: 10].
+    #[arg(long)]
+    pub sb_history: Option<usize>,
+    /// Sandblaster: examples in the full batch, a seeded sample of the training set
+    /// [default: the whole training set].
+    #[arg(long)]
+    pub sb_batch: Option<usize>,
+    /// Sandblaster: examples per work unit [default: the batch / (16 x workers), so each
+    /// worker takes about 16 units a pass].
+    #[arg(long)]
+    pub sb_unit: Option<usize>,
+    /// Sandblaster: no backup copies of straggling units near the end of a pass.
+    #[arg(long)]
+    pub sb_no_backups: bool,
+}
+
+/// Sandblaster's settings (`--sb-*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SbPlan {
+    /// Accepted L-BFGS steps per epoch.
+    pub iters_per_epoch: usize,
+    /// History length m.
+    pub history: usize,
+    /// Examples in the full batch (`None`: the training set).
+    pub batch: Option<usize>,
+    /// Examples per unit (`None`: batch / (16 x workers)).
+    pub unit: Option<usize>,
+    /// Backup copies of straggling units.
+    pub backups: bool,
 }
 
 /// A validated parameter-server run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PsPlan {
-    /// The consistency of the parameter table.
+    /// The mode.
+    pub mode: PsMode,
+    /// Sandblaster's settings (with `--sync sandblaster`).
+    pub sb: Option<SbPlan>,
+    /// The consistency of the parameter table (async for Sandblaster's).
     pub consistency: Consistency,
     /// Shards to start (or the number given by `--ps-servers`).
     pub servers: usize,
@@ -165,6 +217,8 @@ pub struct PsPlan {
     pub local_lr: f32,
     /// Dead-worker policy.
     pub dead_policy: DeadPolicy,
+    /// How the workers' pushes are compressed.
+    pub codec: PushCodec,
 }
 
 /// What the rest of the plan says, for the checks that involve a PS flag.
@@ -192,29 +246,24 @@ pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>
             ("--n-push", a.n_push.is_some()),
             ("--local-lr", a.local_lr.is_some()),
             ("--dead-policy", a.dead_policy.is_some()),
+            ("--push-codec", a.push_codec.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
             bail!(
                 "{flag} is a parameter-server flag: it needs --sync ps-sync, ps-async or ps-ssp:S"
             );
         }
+        sb_flags_need_sandblaster(a, None)?;
         return Ok(None);
     };
     let consistency = match mode {
-        PsMode::Table(c) => c,
-        PsMode::Sandblaster => bail!(
-            "--sync sandblaster is not available in `gradwire train` yet: DistBelief's batch \
-             L-BFGS exists as a library (gradwire_ps::sandblaster, tested on logistic \
-             regression) but is not wired to the models; use ps-sync, ps-async or ps-ssp:S"
-        ),
+        PsMode::Table(c) => {
+            sb_flags_need_sandblaster(a, Some(mode))?;
+            c
+        }
+        PsMode::Sandblaster => return plan_sandblaster(cx),
     };
-    if cx.codec.id() != CodecId::None {
-        bail!(
-            "--codec {} with --sync {mode}: gradient codecs are not wired to parameter-server \
-             training yet (pushes are dense f32); drop --codec",
-            cx.codec
-        );
-    }
+    let codec = push_codec(cx.codec, a.push_codec.as_ref(), mode)?;
     let t = cx.args;
     for (flag, given) in [
         ("--rule", !t.rules.is_empty()),
@@ -269,6 +318,8 @@ pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>
         bail!("--servers must be between 1 and 64");
     }
     Ok(Some(PsPlan {
+        mode,
+        sb: None,
         consistency,
         servers,
         addrs: a.ps_servers.clone(),
@@ -277,6 +328,156 @@ pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>
         n_push,
         local_lr,
         dead_policy: a.dead_policy.unwrap_or_default(),
+        codec,
+    }))
+}
+
+/// The push codec of a PS run from `--codec` or `--push-codec` (error feedback forced on),
+/// or why it cannot work.
+fn push_codec(codec: &CodecConfig, push: Option<&PushCodec>, mode: PsMode) -> Result<PushCodec> {
+    let chosen = match push {
+        Some(p) => {
+            if codec.id() != CodecId::None {
+                bail!("--codec {codec} and --push-codec {p}: give one of them");
+            }
+            p.clone()
+        }
+        None if codec.id() == CodecId::None => PushCodec::Dense,
+        None => PushCodec::Codec(codec.clone()),
+    };
+    let c = match chosen {
+        PushCodec::Codec(c) => c,
+        other => return Ok(other),
+    };
+    match c.id() {
+        CodecId::None => return Ok(PushCodec::Dense),
+        CodecId::PowerSgd => bail!(
+            "--codec {c} with --sync {mode}: PowerSGD's factors need an all-reduce, a shard \
+             cannot decode a push of them; use a quantizer or sparsifier (qsgd, topk, 2bit...)"
+        ),
+        CodecId::Dgc => bail!(
+            "--codec {c} with --sync {mode}: DGC owns its momentum (momentum correction), which \
+             the shards' updater would apply again; use topk for sparsified pushes"
+        ),
+        _ => {}
+    }
+    let spec = c.to_string();
+    let spec = if spec.contains("ef=false") {
+        spec.replace("ef=false", "ef=true")
+    } else if spec.contains("ef=") {
+        spec
+    } else if spec.contains(':') {
+        format!("{spec},ef=true")
+    } else {
+        format!("{spec}:ef=true")
+    };
+    let c: CodecConfig = spec
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--codec {spec} with error feedback: {e}"))?;
+    Ok(PushCodec::Codec(c))
+}
+
+/// Refuses a `--sb-*` flag outside `--sync sandblaster`.
+fn sb_flags_need_sandblaster(a: &PsArgs, mode: Option<PsMode>) -> Result<()> {
+    let given = [
+        ("--sb-iters", a.sb_iters.is_some()),
+        ("--sb-history", a.sb_history.is_some()),
+        ("--sb-batch", a.sb_batch.is_some()),
+        ("--sb-unit", a.sb_unit.is_some()),
+        ("--sb-no-backups", a.sb_no_backups),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+        let with = mode.map_or(String::new(), |m| format!(", not --sync {m}"));
+        bail!("{flag} is Sandblaster's: it needs --sync sandblaster{with}");
+    }
+    Ok(())
+}
+
+/// Checks the flags of `--sync sandblaster`.
+fn plan_sandblaster(cx: &PlanContext<'_>) -> Result<Option<PsPlan>> {
+    let (t, a) = (cx.args, &cx.args.ps);
+    if cx.launched || t.worker {
+        bail!(
+            "--sync sandblaster runs its workers as threads of one coordinator process: run \
+             `gradwire train --sync sandblaster --workers N` without a launcher"
+        );
+    }
+    if a.push_codec.is_some() {
+        bail!("--push-codec with --sync sandblaster: L-BFGS needs exact batch gradients");
+    }
+    if cx.codec.id() != CodecId::None {
+        bail!(
+            "--codec {} with --sync sandblaster: L-BFGS needs exact batch gradients; drop --codec",
+            cx.codec
+        );
+    }
+    for (flag, given) in [
+        ("--optimizer", t.optimizer.is_some()),
+        ("--lr", t.lr.is_some()),
+        ("--batch", t.batch.is_some()),
+        ("--max-steps", t.max_steps.is_some()),
+        ("--overlap-steps", t.overlap_steps.is_some()),
+        ("--momentum-correction", t.momentum_correction.is_some()),
+        ("--n-fetch", a.n_fetch.is_some()),
+        ("--n-push", a.n_push.is_some()),
+        ("--local-lr", a.local_lr.is_some()),
+        ("--dead-policy", a.dead_policy.is_some()),
+        ("--rule", !t.rules.is_empty()),
+        ("--timeline", t.timeline.is_some()),
+        ("--link", t.link.is_some() || cx.link),
+        ("--fusion-bytes", t.fusion_bytes.is_some()),
+        ("--threads-as-workers", t.threads_as_workers),
+    ] {
+        if given {
+            bail!(
+                "{flag} does not apply to --sync sandblaster (batch L-BFGS with a line search; \
+                 see --sb-iters, --sb-history, --sb-batch, --sb-unit)"
+            );
+        }
+    }
+    let positive = |flag: &str, v: Option<usize>| match v {
+        Some(0) => bail!("{flag} must be at least 1"),
+        _ => Ok(v),
+    };
+    let iters = positive("--sb-iters", a.sb_iters)?.unwrap_or(10);
+    let history = positive("--sb-history", a.sb_history)?.unwrap_or(10);
+    if history > 512 {
+        bail!("--sb-history must be at most 512 (the shards keep 2m vectors)");
+    }
+    let batch = positive("--sb-batch", a.sb_batch)?;
+    let unit = positive("--sb-unit", a.sb_unit)?;
+    let servers = if a.ps_servers.is_empty() {
+        a.servers.unwrap_or(1)
+    } else {
+        if let Some(s) = a.servers.filter(|&s| s != a.ps_servers.len()) {
+            bail!(
+                "--servers {s} but --ps-servers names {} shard(s)",
+                a.ps_servers.len()
+            );
+        }
+        a.ps_servers.len()
+    };
+    if !(1..=64).contains(&servers) {
+        bail!("--servers must be between 1 and 64");
+    }
+    Ok(Some(PsPlan {
+        mode: PsMode::Sandblaster,
+        sb: Some(SbPlan {
+            iters_per_epoch: iters,
+            history,
+            batch,
+            unit,
+            backups: !a.sb_no_backups,
+        }),
+        consistency: Consistency::Async,
+        servers,
+        addrs: a.ps_servers.clone(),
+        updater: UpdaterSpec::Sum,
+        n_fetch: 1,
+        n_push: 1,
+        local_lr: 0.0,
+        dead_policy: DeadPolicy::default(),
+        codec: PushCodec::Dense,
     }))
 }
 
@@ -294,6 +495,9 @@ pub fn run(args: &TrainArgs, plan: &Plan, launched: Option<&crate::world::Launch
     }
     if args.worker {
         bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
+    }
+    if let Some(sb) = &ps.sb {
+        return crate::train_sandblaster::run(plan, ps, sb, args.quiet);
     }
     let mut shards = None;
     let addrs = if ps.addrs.is_empty() {
@@ -418,6 +622,7 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
         n_push: ps.n_push,
         local_lr: ps.local_lr,
         dead_policy: ps.dead_policy,
+        codec: ps.codec.clone(),
         ..PsConfig::new(ps.addrs.clone(), ps.consistency, ps.updater)
     };
     let sync = PsSync::connect(rank, world, model.num_params(), cfg)
@@ -439,13 +644,14 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
     let reporting = rank == 0;
     if reporting {
         eprintln!(
-            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), {} shard(s), --sync {mode}, server updater {}{}, {} steps/epoch x {} epochs, batch {} per worker",
+            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), {} shard(s), --sync {mode}, server updater {}, pushes {}{}, {} steps/epoch x {} epochs, batch {} per worker",
             plan.model.name(),
             plan.dataset.name(),
             data.train.len(),
             data.test.len(),
             ps.addrs.len(),
             ps.updater,
+            ps.codec,
             if ps.n_fetch > 1 || ps.n_push > 1 {
                 format!(", n_fetch {} n_push {} local lr {}", ps.n_fetch, ps.n_push, ps.local_lr)
             } else {
@@ -471,6 +677,7 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
     let mut run = plan.run_record(world, steps);
     // The PS path has no momentum correction (the shards run the optimizer).
     run.momentum_correction = None;
+    run.codec = ps.codec.to_string();
     let mut total_steps = 0u64;
     let mut last = String::new();
     for epoch in 0..plan.train.epochs {
@@ -556,6 +763,7 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
             "mode": mode,
             "servers": ps.addrs.len(),
             "updater": ps.updater.to_string(),
+            "codec": ps.codec.to_string(),
             "n_fetch": ps.n_fetch,
             "n_push": ps.n_push,
             // Through its shortest decimal form, so 0.05 reads 0.05 and not 0.0500000007.
@@ -713,7 +921,25 @@ mod tests {
         assert_eq!(ps.local_lr, 0.0);
         let p = plan_of(&["--sync", "ps-sync"]).unwrap();
         assert_eq!(p.ps.unwrap().servers, 1);
+        let p = plan_of(&["--sync", "sandblaster", "--servers", "2", "--sb-unit", "50"]).unwrap();
+        let ps = p.ps.unwrap();
+        assert_eq!((ps.mode, ps.servers), (PsMode::Sandblaster, 2));
+        let sb = ps.sb.unwrap();
+        assert_eq!(
+            (sb.iters_per_epoch, sb.history, sb.unit),
+            (10, 10, Some(50))
+        );
+        assert!(sb.backups && sb.batch.is_none());
         assert!(plan_of(&["--sync", "dense"]).unwrap().ps.is_none());
+        // Codecs on pushes: error feedback forced on, 2-bit by --push-codec, none is dense.
+        let codec_of = |flags: &[&str]| plan_of(flags).unwrap().ps.unwrap().codec.to_string();
+        let c = codec_of(&["--sync", "ps-async", "--codec", "qsgd:bits=4"]);
+        assert!(c.starts_with("qsgd") && c.contains("ef=true"), "{c}");
+        let c = codec_of(&["--sync", "ps-sync", "--codec", "topk:ratio=0.1,ef=false"]);
+        assert!(c.contains("ef=true") && !c.contains("ef=false"), "{c}");
+        let c = codec_of(&["--sync", "ps-ssp:2", "--push-codec", "2bit:threshold=0.25"]);
+        assert!(c.starts_with("2bit") && c.contains("0.25"), "{c}");
+        assert_eq!(codec_of(&["--sync", "ps-sync", "--codec", "none"]), "dense");
     }
 
     #[test]
@@ -725,12 +951,37 @@ mod tests {
             &["Downpour", "ps-async"],
         );
         refused(
-            &["--sync", "sandblaster"],
-            &["sandblaster", "not available"],
+            &["--sync", "sandblaster", "--optimizer", "adam:lr=0.001"],
+            &["--optimizer", "sandblaster"],
+        );
+        refused(&["--sync", "ps-sync", "--sb-iters", "3"], &["--sb-iters"]);
+        refused(
+            &["--sync", "sandblaster", "--sb-history", "0"],
+            &["--sb-history"],
         );
         refused(
-            &["--sync", "ps-async", "--codec", "topk"],
-            &["--codec", "dense"],
+            &["--sync", "ps-async", "--codec", "powersgd"],
+            &["--codec", "PowerSGD", "all-reduce"],
+        );
+        refused(
+            &["--sync", "ps-sync", "--codec", "dgc"],
+            &["DGC", "momentum"],
+        );
+        refused(
+            &[
+                "--sync",
+                "ps-sync",
+                "--codec",
+                "qsgd",
+                "--push-codec",
+                "2bit",
+            ],
+            &["--push-codec", "one of them"],
+        );
+        refused(&["--push-codec", "2bit"], &["--push-codec", "ps-sync"]);
+        refused(
+            &["--sync", "sandblaster", "--codec", "qsgd"],
+            &["--codec", "sandblaster"],
         );
         refused(
             &["--sync", "ps-async", "--optimizer", "sgd:lr=0.1,wd=0.0001"],

@@ -1,6 +1,7 @@
 //! `gradwire train` against parameter-server shards, end to end with real processes on
 //! 127.0.0.1: PS synchronous SGD against all-reduce SGD, a worker SIGKILLed under
-//! `ps-async`, and the flag combinations refused at the edge.
+//! `ps-async`, compressed pushes (lossless against dense, QSGD and 2-bit learning with fewer
+//! bytes), Sandblaster L-BFGS on the MLP, and the flag combinations refused at the edge.
 //!
 //! Every process is owned by a guard that kills it on drop (the train parent kills its
 //! shards and workers when it dies: they run with PR_SET_PDEATHSIG), so a failing test
@@ -277,10 +278,14 @@ fn bad_ps_flag_combinations_are_refused_with_the_named_error() {
     for (flags, words) in [
         (&["--servers", "2"][..], &["--servers", "ps-sync"][..]),
         (
-            &["--sync", "sandblaster"],
-            &["sandblaster", "not available"],
+            &["--sync", "sandblaster", "--lr", "0.1"],
+            &["--lr", "sandblaster"],
         ),
-        (&["--sync", "ps-async", "--codec", "topk"], &["--codec"]),
+        (
+            &["--sync", "ps-async", "--codec", "powersgd"],
+            &["PowerSGD"],
+        ),
+        (&["--sync", "ps-sync", "--sb-iters", "2"], &["--sb-iters"]),
         (&["--sync", "ps-sync", "--n-fetch", "4"], &["Downpour"]),
         (
             &["--sync", "ps-async", "--optimizer", "sgd:lr=0.1,wd=0.0001"],
@@ -359,5 +364,178 @@ fn ps_sync_names_a_killed_worker_within_the_deadline() {
         err.contains("worker 3 is lost"),
         "the survivors' errors name worker 3: {err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `train` with `flags` after the short MLP run's, within `limit`; returns stdout's
+/// JSON lines and run.json.
+fn train_json(
+    data: &Path,
+    out: &Path,
+    flags: &[&str],
+    limit: Duration,
+) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let mut cmd = gradwire();
+    cmd.args(short_run(data, out)).args(flags);
+    let o = output_within(cmd, limit);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{flags:?}: {err}");
+    let lines = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let run = serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap())
+        .unwrap_or_else(|e| panic!("run.json: {e}; {err}"));
+    (lines, run)
+}
+
+/// Sandblaster L-BFGS through 2 shards with 2 worker threads, on a 1000-example sample of
+/// Fashion-MNIST in 40 units of 25 (20 a worker, far below 1/2 of the batch): the
+/// full-batch loss falls from about ln 10 by more than half, never rises between accepted
+/// steps (Armijo), and held-out accuracy ends far above chance (10%).
+#[test]
+fn sandblaster_lbfgs_trains_the_mlp_through_the_shards() {
+    let Some(data) = fashion_mnist() else { return };
+    let dir = scratch("sandblaster");
+    let started = Instant::now();
+    let (lines, run) = train_json(
+        &data,
+        &dir.join("run"),
+        &[
+            "--model=mlp:hidden=32",
+            "--sync=sandblaster",
+            "--workers=2",
+            "--servers=2",
+            "--sb-batch=1000",
+            "--sb-unit=25",
+            "--sb-iters=6",
+            "--epochs=2",
+        ],
+        Duration::from_secs(120),
+    );
+    eprintln!("sandblaster run: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["epoch"], i + 1);
+        assert_eq!(l["mode"], "sandblaster");
+        assert_eq!(l["servers"], 2);
+        assert_eq!(l["iterations"], 6 * (i + 1));
+        assert!(l["bytes_sent"].as_u64().unwrap() > 0, "{l}");
+        assert!(l["bytes_pulled"].as_u64().unwrap() > 0, "{l}");
+    }
+    let ps = &run["ps"];
+    assert_eq!(
+        (ps["units"].as_u64(), ps["unit"].as_u64()),
+        (Some(40), Some(25))
+    );
+    let losses: Vec<f64> = ps["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 13, "{losses:?}");
+    assert!((losses[0] - 10f64.ln()).abs() < 0.5, "{losses:?}");
+    for w in losses.windows(2) {
+        assert!(w[1] <= w[0] + 1e-9, "the loss rose: {losses:?}");
+    }
+    assert!(losses[12] < 0.5 * losses[0], "{losses:?}");
+    assert!((lines[1]["train_loss"].as_f64().unwrap() - losses[12]).abs() < 1e-9);
+    let passes = ps["passes"].as_u64().unwrap();
+    assert!(ps["units_run"].as_u64().unwrap() >= 40 * passes);
+    let acc = lines[1]["test_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.5, "held-out accuracy {acc}");
+    assert_eq!(run["epochs"].as_array().unwrap().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A lossless push codec (top-k keeping every entry, error feedback on) goes through the
+/// codec path on every push and ends at the parameters of dense PS synchronous SGD
+/// (tolerance 1e-6: the shards may add the 4 pushes in another order).
+#[test]
+fn ps_sync_with_a_lossless_codec_reaches_the_parameters_of_dense_pushes() {
+    let Some(data) = fashion_mnist() else { return };
+    let dir = scratch("lossless");
+    let mut params = Vec::new();
+    for (name, codec) in [("dense", "none"), ("topk", "topk:ratio=1")] {
+        let p = dir.join(format!("{name}.f32"));
+        let (lines, run) = train_json(
+            &data,
+            &dir.join(name),
+            &[
+                "--workers=4",
+                "--servers=2",
+                "--sync=ps-sync",
+                "--max-steps=4",
+                "--optimizer=sgd:lr=0.05,momentum=0.9",
+                &format!("--codec={codec}"),
+                &format!("--save-params={}", p.display()),
+            ],
+            Duration::from_secs(120),
+        );
+        assert_eq!(lines.len(), 1);
+        let c = run["ps"]["codec"].as_str().unwrap().to_string();
+        assert!(
+            c.starts_with(if name == "dense" { "dense" } else { "topk" }),
+            "{c}"
+        );
+        params.push(read_f32s(&p));
+    }
+    assert_eq!(params[0].len(), params[1].len());
+    let worst = params[0]
+        .iter()
+        .zip(&params[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-6, "largest difference {worst}");
+    assert!(
+        params[0].len() > 100_000,
+        "the MLP has {} parameters",
+        params[0].len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Downpour (4 workers, 2 shards, Adagrad) with QSGD pushes learns (held-out accuracy far
+/// above chance) and its workers push fewer measured bytes than with dense pushes; so does
+/// MXNet's 2-bit codec (threshold 0.01: the default 0.5 is far above these gradients).
+#[test]
+fn ps_async_with_compressed_pushes_learns_and_moves_fewer_bytes() {
+    let Some(data) = fashion_mnist() else { return };
+    let dir = scratch("qsgd");
+    let mut pushed = Vec::new();
+    for (name, flag) in [
+        ("dense", "--codec=none"),
+        ("qsgd", "--codec=qsgd"),
+        ("2bit", "--push-codec=2bit:threshold=0.01"),
+    ] {
+        let (lines, run) = train_json(
+            &data,
+            &dir.join(name),
+            &[
+                "--workers=4",
+                "--servers=2",
+                "--sync=ps-async",
+                "--max-steps=60",
+                "--optimizer=adagrad:lr=0.01",
+                flag,
+            ],
+            Duration::from_secs(180),
+        );
+        let acc = lines[0]["test_accuracy"].as_f64().unwrap();
+        // 2-bit sends only +-threshold where the residual passed it: it learns slower.
+        let floor = if name == "2bit" { 0.2 } else { 0.4 };
+        assert!(acc > floor, "{name}: held-out accuracy {acc}");
+        let ratio = lines[0]["compression_ratio"].as_f64().unwrap();
+        let all = run["ps"]["bytes_pushed_all"].as_u64().unwrap();
+        eprintln!("{name}: accuracy {acc:.3}, pushed {all} bytes, ratio {ratio:.2}");
+        pushed.push((all, ratio));
+    }
+    let (dense, _) = pushed[0];
+    for (name, (all, ratio)) in ["qsgd", "2bit"].iter().zip(&pushed[1..]) {
+        assert!(*all * 2 < dense, "{name} pushed {all} bytes, dense {dense}");
+        assert!(*ratio > 2.0, "{name}: compression ratio {ratio}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,6 +28,28 @@
 //! worker (plus one for heartbeats), deadlines through socket timeouts. Unit tests use the
 //! sans-IO [`Shard`] directly.
 //!
+//! # Not built: chain replication (optional in the issue)
+//! Durability today is a checkpoint plus an optional fsynced WAL per shard: a restarted
+//! shard loses nothing acknowledged, but its chunks are unavailable until it is back.
+//! Chain replication with failover (van Renesse & Schneider 2004, as ps-lite's successors
+//! sketched) would need:
+//! - a chain of `r` replicas per chunk (head, middle, tail) from [`Placement`] (the next
+//!   `r - 1` distinct shards on the hash ring), with pushes sent to the head and forwarded
+//!   down the chain, acknowledged to the worker only by the tail, and pulls served by the
+//!   tail, so a worker never reads an update a crash could undo;
+//! - the exactly-once state ((worker, incarnation) → applied window) and the sync round /
+//!   SSP clocks replicated with the values, since a promoted replica must reject the same
+//!   duplicates and close the same rounds (updater state too: Adagrad and Adam apply
+//!   non-idempotent updates, so forwarding must carry the applied result, not the push);
+//! - a configuration master (or a consensus group) that detects a dead replica by the
+//!   existing heartbeats, removes it from the chain, tells the predecessor to resend
+//!   in-flight updates, and bumps a chain epoch that clients and shards check on every frame
+//!   (a new wire field and a version bump);
+//! - on the client, retries that follow the new head/tail after a `StaleEpoch` error, which
+//!   the existing (worker, incarnation, seq) dedup already makes safe;
+//! - tests: kill the head, a middle node and the tail during sync and async training with
+//!   the exact-sum check, and a partitioned old head that must stop acknowledging.
+//!
 //! # Glossary
 //! *worker* (a training process, `WorkerId` = its rank), *shard* (a server process holding
 //! some chunks), *chunk* (a slice of a table), *round* (a sync step), *clock* (a worker's

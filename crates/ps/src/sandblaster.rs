@@ -189,6 +189,45 @@ pub struct Report {
     pub elapsed: Duration,
     /// The final parameters.
     pub params: Vec<f32>,
+    /// Frame bytes written and read by the coordinator and the workers together.
+    pub bytes: (u64, u64),
+    /// Wall time in gradient passes (handing out units until the last result is in, and
+    /// writing the gradient to the shards); the rest is the coordinator's vector ops.
+    pub pass_time: Duration,
+}
+
+/// What the observer of [`run_observed`] sees after each accepted L-BFGS step.
+pub struct Progress<'a> {
+    /// Accepted steps so far (1 after the first).
+    pub iteration: usize,
+    /// The full-batch loss after this step.
+    pub loss: f64,
+    /// Gradient passes made so far (line-search trials included).
+    pub passes: usize,
+    /// Units computed so far (backups and losers included).
+    pub units_run: usize,
+    /// Backup copies handed out so far.
+    pub backups_issued: usize,
+    /// Units whose first result came from a backup copy, so far.
+    pub backups_won: usize,
+    /// Frame bytes written and read so far by the coordinator and the workers (the
+    /// workers' as of their last parameter fetch).
+    pub bytes: (u64, u64),
+    /// Wall time in gradient passes so far (see [`Report::pass_time`]).
+    pub pass_time: Duration,
+    coord: &'a mut Coordinator,
+    dim: usize,
+}
+
+impl Progress<'_> {
+    /// Fetches the current parameters from the shards (one pull, counted in later
+    /// [`Progress::bytes`]).
+    pub fn params(&mut self) -> Result<Vec<f32>> {
+        let mut w = vec![0.0; self.dim];
+        let key = self.coord.key;
+        self.coord.kv.pull(key, &mut w)?;
+        Ok(w)
+    }
 }
 
 struct Pass {
@@ -209,6 +248,16 @@ struct SchedState {
     units_run: usize,
     backups_issued: usize,
     backups_won: usize,
+    /// Each worker's frame bytes (written, read) as of its last fetch.
+    worker_bytes: Vec<(u64, u64)>,
+}
+
+impl SchedState {
+    fn worker_bytes(&self) -> (u64, u64) {
+        self.worker_bytes
+            .iter()
+            .fold((0, 0), |(a, b), (w, r)| (a + w, b + r))
+    }
 }
 
 /// Hands out work units (and backups), keeps the first result per unit.
@@ -422,6 +471,19 @@ pub fn run(
     workers: usize,
     cfg: &SandblasterConfig,
 ) -> Result<Report> {
+    run_observed(shards, objective, w0, workers, cfg, &mut |_| true)
+}
+
+/// [`run`], calling `observe` after each accepted L-BFGS step; the run stops early (with
+/// the report so far) when it returns `false`.
+pub fn run_observed(
+    shards: Vec<SocketAddr>,
+    objective: Arc<dyn Objective>,
+    w0: &[f32],
+    workers: usize,
+    cfg: &SandblasterConfig,
+    observe: &mut dyn FnMut(&mut Progress<'_>) -> bool,
+) -> Result<Report> {
     let t0 = Instant::now();
     let client = |w: usize| {
         let mut c = ClientConfig::new(WorkerId(w as u32), shards.clone());
@@ -435,7 +497,10 @@ pub fn run(
     };
     coord.kv.init(cfg.key, spec.clone(), w0)?;
     let sched = Arc::new(Scheduler {
-        st: Mutex::new(SchedState::default()),
+        st: Mutex::new(SchedState {
+            worker_bytes: vec![(0, 0); workers],
+            ..SchedState::default()
+        }),
         cv: Condvar::new(),
         backups: cfg.backups,
         max_copies: cfg.max_copies.max(1),
@@ -457,6 +522,7 @@ pub fn run(
                 while let Some(id) = sched.wait_pass(seen) {
                     seen = id;
                     kv.pull(key, &mut params)?;
+                    sched.lock().worker_bytes[w] = kv.bytes();
                     while let Some(u) = sched.next(w, id) {
                         grad.iter_mut().for_each(|g| *g = 0.0);
                         let loss = obj.unit_loss_grad(u, &params, &mut grad);
@@ -481,7 +547,7 @@ pub fn run(
             })
         })
         .collect();
-    let result = lbfgs(&mut coord, &sched, objective.as_ref(), cfg, dim);
+    let result = lbfgs(&mut coord, &sched, objective.as_ref(), cfg, dim, observe);
     {
         let mut st = sched.lock();
         st.shutdown = true;
@@ -496,10 +562,13 @@ pub fn run(
     report.backups_issued = st.backups_issued;
     report.backups_won = st.backups_won;
     report.elapsed = t0.elapsed();
+    let workers_bytes = st.worker_bytes();
     let mut params = vec![0.0; dim];
     drop(st);
     coord.kv.pull(cfg.key, &mut params)?;
     report.params = params;
+    let (w, r) = coord.kv.bytes();
+    report.bytes = (w + workers_bytes.0, r + workers_bytes.1);
     Ok(report)
 }
 
@@ -512,6 +581,7 @@ fn pass(
     report: &mut Report,
 ) -> Result<f64> {
     let units = obj.units();
+    let t0 = Instant::now();
     {
         let mut st = sched.lock();
         st.pass_id += 1;
@@ -544,6 +614,7 @@ fn pass(
     if l2 != 0.0 {
         coord.axpy(G, W, G, l2)?;
     }
+    report.pass_time += t0.elapsed();
     Ok(loss / n + 0.5 * l2 * ww)
 }
 
@@ -553,6 +624,7 @@ fn lbfgs(
     obj: &dyn Objective,
     cfg: &SandblasterConfig,
     dim: usize,
+    observe: &mut dyn FnMut(&mut Progress<'_>) -> bool,
 ) -> Result<Report> {
     let mut report = Report::default();
     let m = cfg.history.max(1);
@@ -612,6 +684,31 @@ fn lbfgs(
         }
         f = f_new;
         report.losses.push(f);
+        let (units_run, backups_issued, backups_won, wb) = {
+            let st = sched.lock();
+            (
+                st.units_run,
+                st.backups_issued,
+                st.backups_won,
+                st.worker_bytes(),
+            )
+        };
+        let cb = coord.kv.bytes();
+        let mut p = Progress {
+            iteration: it + 1,
+            loss: f,
+            passes: report.passes,
+            units_run,
+            backups_issued,
+            backups_won,
+            bytes: (cb.0 + wb.0, cb.1 + wb.1),
+            pass_time: report.pass_time,
+            coord: &mut *coord,
+            dim,
+        };
+        if !observe(&mut p) {
+            break;
+        }
     }
     Ok(report)
 }

@@ -23,6 +23,9 @@ use crate::{Error, Result};
 pub enum UpdaterSpec {
     /// `w += g`.
     Sum,
+    /// `w = g`: the table holds the last value pushed (under `sync`, the round's mean), so
+    /// one table can carry a fresh average every round.
+    Assign,
     /// Plain SGD.
     Sgd {
         /// Learning rate.
@@ -59,7 +62,7 @@ impl UpdaterSpec {
     /// How many state vectors of the parameter's length the updater keeps.
     pub fn state_vectors(&self) -> usize {
         match self {
-            UpdaterSpec::Sum | UpdaterSpec::Sgd { .. } => 0,
+            UpdaterSpec::Sum | UpdaterSpec::Assign | UpdaterSpec::Sgd { .. } => 0,
             UpdaterSpec::Momentum { .. } | UpdaterSpec::Adagrad { .. } => 1,
             UpdaterSpec::Adam { .. } => 2,
         }
@@ -82,6 +85,7 @@ impl FromStr for UpdaterSpec {
         };
         let u = match p.codec() {
             "sum" | "none" => UpdaterSpec::Sum,
+            "assign" => UpdaterSpec::Assign,
             "sgd" => UpdaterSpec::Sgd {
                 lr: f(&mut p, "lr", None, 0.0, 1e6)?,
             },
@@ -101,7 +105,7 @@ impl FromStr for UpdaterSpec {
             },
             other => {
                 return Err(bad(format!(
-                    "unknown updater '{other}' (known: sum, sgd, momentum, adagrad, adam)"
+                    "unknown updater '{other}' (known: sum, assign, sgd, momentum, adagrad, adam)"
                 )))
             }
         };
@@ -114,6 +118,7 @@ impl fmt::Display for UpdaterSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             UpdaterSpec::Sum => f.write_str("sum"),
+            UpdaterSpec::Assign => f.write_str("assign"),
             UpdaterSpec::Sgd { lr } => write!(f, "sgd:lr={lr}"),
             UpdaterSpec::Momentum { lr, mu } => write!(f, "momentum:lr={lr},mu={mu}"),
             UpdaterSpec::Adagrad { lr, eps } => write!(f, "adagrad:lr={lr},eps={eps}"),
@@ -155,6 +160,7 @@ pub fn apply(spec: &UpdaterSpec, st: &mut OptState, w: &mut [f32], g: &[f32]) {
                 *w += g;
             }
         }
+        UpdaterSpec::Assign => w.copy_from_slice(g),
         UpdaterSpec::Sgd { lr } => {
             for (w, g) in w.iter_mut().zip(g) {
                 *w -= lr * g;
@@ -205,6 +211,7 @@ mod tests {
     fn specs_round_trip_and_refuse_unknown() {
         for s in [
             "sum",
+            "assign",
             "sgd:lr=0.1",
             "momentum:lr=0.1,mu=0.5",
             "adagrad:lr=0.5,eps=0.001",
@@ -243,5 +250,12 @@ mod tests {
         apply(&spec, &mut st, &mut w, &g);
         assert!((w[0] + 0.01).abs() < 1e-6 && (w[1] - 0.01).abs() < 1e-6);
         assert_eq!(st.step, 1);
+        // assign: the value pushed replaces the old one, twice.
+        let spec: UpdaterSpec = "assign".parse().unwrap();
+        let mut st = OptState::default();
+        let mut w = [5.0f32, 6.0];
+        apply(&spec, &mut st, &mut w, &g);
+        apply(&spec, &mut st, &mut w, &[3.0, 4.0]);
+        assert_eq!(w, [3.0, 4.0]);
     }
 }

@@ -29,6 +29,7 @@ pub mod data;
 mod error;
 pub mod model;
 pub mod optim;
+pub mod sandblaster;
 pub mod sync;
 mod threads;
 mod trainer;

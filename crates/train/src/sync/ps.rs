@@ -23,9 +23,14 @@
 //!   accrued gradient every `n_push` steps and fetches the parameters every `n_fetch` steps.
 //!   The trainer computes the gradient before calling the sync, so the fetch that the paper
 //!   does at the top of step `k` is done here at the end of step `k - 1` (the same sequence).
-//! - **Metrics**: under `sync`, [`GradientSync::average_metrics`] averages through a fresh
-//!   synchronous `sum` table per call (exact in f32), so the epoch's loss and the sharded
-//!   evaluation match all-reduce training. Under `async` and SSP nothing waits for the other
+//! - **Codec**: [`PsConfig::codec`] compresses every push of the parameter table (any
+//!   gradwire codec, the server `decode_add`s; or MXNet's 2-bit quantizer), each chunk with
+//!   its own worker-side residual when the spec has error feedback. Pulls stay dense f32.
+//! - **Metrics**: under `sync`, [`GradientSync::average_metrics`] averages through one
+//!   synchronous `assign` table per metric length, created on first use and reused for the
+//!   whole run (the shards replace its value with each round's mean: exact in f32, and the
+//!   shards hold a fixed number of tables however many evaluations run), so the epoch's loss
+//!   and the sharded evaluation match all-reduce training. Under `async` and SSP nothing waits for the other
 //!   workers (a dead one must not stall the rest), so metrics stay this worker's own.
 //! - **Bytes**: every frame byte the worker's client writes and reads (`KvStore::bytes`),
 //!   headers and retries included; heartbeats run on their own connections and are not
@@ -35,7 +40,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use gradwire_ps::{
-    ClientConfig, Consistency, DeadPolicy, Key, KvStore, TableSpec, UpdaterSpec, WorkerId,
+    ClientConfig, Consistency, DeadPolicy, Key, KvStore, PushCodec, TableSpec, UpdaterSpec,
+    WorkerId,
 };
 
 use super::{GradientSync, SyncStats};
@@ -44,7 +50,7 @@ use crate::optim::{LrDecay, OptimizerConfig, OptimizerKind};
 
 /// The parameter table's key.
 const PARAMS: Key = Key(1);
-/// Metric tables take keys from here up (one fresh table per `average_metrics` call).
+/// Metric tables take keys from here up (one per metric length, in order of first use).
 const METRICS_BASE: u64 = 1 << 32;
 
 /// How a worker trains against the parameter server.
@@ -66,6 +72,8 @@ pub struct PsConfig {
     pub local_lr: f32,
     /// How long one PS operation may take, retries included.
     pub deadline: Duration,
+    /// How pushes of the parameter table are compressed (dense by default).
+    pub codec: PushCodec,
 }
 
 impl PsConfig {
@@ -80,6 +88,7 @@ impl PsConfig {
             n_push: 1,
             local_lr: 0.0,
             deadline: Duration::from_secs(60),
+            codec: PushCodec::Dense,
         }
     }
 }
@@ -166,7 +175,8 @@ pub struct PsSync {
     len: usize,
     step: u64,
     accrued: Vec<f32>,
-    metric_calls: u64,
+    /// The metric tables made so far: (length, key).
+    metric_tables: Vec<(usize, Key)>,
     sent: u64,
     pushes: u64,
     pulls: u64,
@@ -197,7 +207,7 @@ impl PsSync {
             len: n_params,
             step: 0,
             accrued: Vec::new(),
-            metric_calls: 0,
+            metric_tables: Vec::new(),
             sent: 0,
             pushes: 0,
             pulls: 0,
@@ -241,6 +251,12 @@ impl PsSync {
     fn table(&self) -> TableSpec {
         TableSpec::new(self.cfg.consistency, self.cfg.updater)
             .with_dead_policy(self.cfg.dead_policy)
+            .with_codec(self.cfg.codec.clone())
+    }
+
+    /// Metric tables on the shards so far (one per metric length used).
+    pub fn metric_tables(&self) -> usize {
+        self.metric_tables.len()
     }
 }
 
@@ -328,22 +344,29 @@ impl GradientSync for PsSync {
         }))
     }
 
-    /// Under `sync`: the mean over the live workers, through a fresh synchronous `sum`
-    /// table. Otherwise the values stay this worker's own (nothing may wait for a worker
+    /// Under `sync`: the mean over the live workers, through the synchronous `assign` table
+    /// of this length (made on first use). Otherwise the values stay this worker's own (nothing may wait for a worker
     /// that might be dead).
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
         if self.world == 1 || self.cfg.consistency != Consistency::Sync || values.is_empty() {
             return Ok(());
         }
-        let key = Key(METRICS_BASE + self.metric_calls);
-        self.metric_calls += 1;
-        let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Sum)
-            .with_dead_policy(self.cfg.dead_policy);
+        let n = values.len();
+        let key = match self.metric_tables.iter().find(|(len, _)| *len == n) {
+            Some(&(_, key)) => key,
+            None => {
+                // Every worker makes its tables in the same order: the keys agree.
+                let key = Key(METRICS_BASE + self.metric_tables.len() as u64);
+                let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Assign)
+                    .with_dead_policy(self.cfg.dead_policy);
+                self.kv().init(key, spec, &vec![0.0; n])?;
+                self.metric_tables.push((n, key));
+                key
+            }
+        };
         let mine: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-        let mut out = vec![0.0f32; mine.len()];
-        let kv = self.kv();
-        kv.init(key, spec, &vec![0.0; mine.len()])?;
-        kv.push_pull(key, &mine, &mut out)?;
+        let mut out = vec![0.0f32; n];
+        self.kv().push_pull(key, &mine, &mut out)?;
         for (v, o) in values.iter_mut().zip(&out) {
             *v = f64::from(*o);
         }
@@ -354,6 +377,63 @@ impl GradientSync for PsSync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two workers average five rounds of metrics of one length and one of another: every
+    /// mean is the hand-computed one, and the shards hold one table per length (a probe
+    /// client finds the first length's table already there, holding the last mean, and no
+    /// third table).
+    #[test]
+    fn metric_tables_are_reused_across_calls() {
+        use gradwire_ps::{Server, ServerConfig, ShardConfig};
+        let server = Server::start(ServerConfig::loopback(ShardConfig {
+            num_workers: 2,
+            ..ShardConfig::default()
+        }))
+        .unwrap();
+        let addr = server.local_addr();
+        let workers: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let cfg = PsConfig::new(vec![addr], Consistency::Sync, UpdaterSpec::Sum);
+                    let mut ps = PsSync::connect(rank, 2, 4, cfg).unwrap();
+                    let mut means = Vec::new();
+                    for call in 0..5 {
+                        let x = (call * 10 + rank) as f64;
+                        let mut v = [x, 2.0 * x, -x];
+                        ps.average_metrics(&mut v).unwrap();
+                        means.push(v);
+                    }
+                    let mut other = [rank as f64, 4.0];
+                    ps.average_metrics(&mut other).unwrap();
+                    (means, other, ps.metric_tables())
+                })
+            })
+            .collect();
+        for h in workers {
+            let (means, other, tables) = h.join().unwrap();
+            for (call, v) in means.iter().enumerate() {
+                let m = call as f64 * 10.0 + 0.5;
+                assert_eq!(*v, [m, 2.0 * m, -m], "call {call}");
+            }
+            assert_eq!(other, [0.5, 4.0]);
+            assert_eq!(tables, 2);
+        }
+        let mut probe = KvStore::connect(ClientConfig::new(WorkerId(9), vec![addr])).unwrap();
+        let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Assign);
+        let mut out = [0.0f32; 3];
+        probe
+            .init(Key(METRICS_BASE), spec.clone(), &[7.0; 3])
+            .unwrap();
+        probe.pull(Key(METRICS_BASE), &mut out).unwrap();
+        assert_eq!(
+            out,
+            [40.5, 81.0, -40.5],
+            "the first table holds the last mean"
+        );
+        probe.init(Key(METRICS_BASE + 2), spec, &[7.0; 3]).unwrap();
+        probe.pull(Key(METRICS_BASE + 2), &mut out).unwrap();
+        assert_eq!(out, [7.0; 3], "no third table was made");
+    }
 
     #[test]
     fn optimizers_mirror_to_updaters_or_are_refused_by_name() {
