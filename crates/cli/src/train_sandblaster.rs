@@ -248,6 +248,7 @@ fn epoch_line(
         test_accuracy: Some(e.accuracy()),
         val_perplexity: plan.model.is_language_model().then(|| e.perplexity()),
         wall_s,
+        eval_s,
         compute_s,
         comm_s: (wall_s - compute_s - eval_s).max(0.0),
         bytes_sent: bytes.0.saturating_sub(bytes0.0),
