@@ -58,6 +58,9 @@ pub struct CaseResult {
     /// Engine: steps whose dense batch rode the negotiation round (mean per step, 0..1).
     #[serde(default)]
     pub engine_speculative: f64,
+    /// The engine's hierarchy (e.g. `2 hosts (2+2 ranks)`, from declared hosts); absent: flat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchy: Option<String>,
 }
 
 /// The report.
@@ -85,6 +88,7 @@ fn case_result(r: &BenchResult) -> CaseResult {
         flat_ms: r.flat_ms,
         engine_rounds: r.engine_rounds,
         engine_speculative: r.engine_speculative,
+        hierarchy: r.hierarchy.clone(),
     }
 }
 
@@ -93,7 +97,11 @@ fn case_result(r: &BenchResult) -> CaseResult {
 fn measure(mut t: Box<dyn Transport>, args: &EngineBenchArgs) -> Result<Vec<CaseResult>> {
     let mut out = Vec::new();
     for &case in &args.cases {
-        let (r, back) = bench::run(t, case, args.reps, EngineConfig::default())
+        let config = EngineConfig {
+            hosts: crate::hier::engine_hosts(t.rank(), t.world_size())?,
+            ..EngineConfig::default()
+        };
+        let (r, back) = bench::run(t, case, args.reps, config)
             .with_context(|| format!("case {}", case.name()))?;
         t = back;
         out.push(case_result(&r));

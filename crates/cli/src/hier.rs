@@ -8,7 +8,8 @@
 //! A rank's host: `GRADWIRE_HOSTS` (comma-separated, one name per rank, so a test or a
 //! launcher can declare ranks to be on different hosts), else `GRADWIRE_HOST`, else the
 //! machine's host name. `GRADWIRE_HIERARCHICAL=0` turns it off. `train` and `bench engine`
-//! do not use it yet (the engine runs its own collectives over the flat transport).
+//! hand the same host and shared-memory settings to the engine ([`engine_hosts`]), which
+//! makes the same choice for its dense tensors.
 
 use anyhow::{bail, Context, Result};
 use gradwire_collective::hierarchical::{self, exchange_layout, Group, Layout};
@@ -94,6 +95,24 @@ fn my_host(rank: usize, world: usize) -> Result<String> {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// The engine's host settings for this rank ([`gradwire_engine::HostConfig`]): its host (see
+/// the module doc) and the job's shared-memory settings, from which the engine opens shared
+/// memory among the ranks of a host when the job spans several hosts. `None` (the engine
+/// stays flat) for a one-rank job, with `GRADWIRE_HIERARCHICAL=0`, or when the rank's
+/// environment has no shared-memory settings (ranks that are threads of one process).
+pub fn engine_hosts(rank: usize, world: usize) -> Result<Option<gradwire_engine::HostConfig>> {
+    if world < 2 || std::env::var("GRADWIRE_HIERARCHICAL").is_ok_and(|v| v == "0") {
+        return Ok(None);
+    }
+    let Some(job) = shm::config_from_env().context("reading the rank's environment")? else {
+        return Ok(None);
+    };
+    Ok(Some(gradwire_engine::HostConfig {
+        host: my_host(rank, world)?,
+        local: gradwire_engine::LocalLink::Shm(job),
+    }))
 }
 
 /// After joining over TCP: exchanges the ranks' hosts and, when the layout is hierarchical,

@@ -686,6 +686,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         fusion_bytes: plan.fusion_bytes,
         seed: plan.train.seed,
         timeline: plan.timeline.is_some(),
+        hosts: crate::hier::engine_hosts(rank, world)?,
         ..EngineConfig::default()
     };
     let sync = EngineSync::new(t, engine, &model.tensors(), steps_guess)

@@ -559,6 +559,54 @@ fn declared_hosts_make_the_all_reduce_hierarchical() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Ranks declared on different hosts: the engine of `bench engine` (and `train`) picks the
+/// hierarchical dense path by itself (shared memory within a declared host); without the
+/// declaration the same job stays flat. (That its results equal the flat reference is the
+/// engine's `tests::hosts`.)
+#[test]
+fn declared_hosts_make_the_engine_hierarchical() {
+    let dir = std::env::temp_dir().join(format!("gradwire-engine-hier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (hosts, want) in [(Some("a,a,b,b"), Some("2 hosts (2+2 ranks)")), (None, None)] {
+        let json = dir.join("engine.json");
+        let mut cmd = gradwire();
+        match hosts {
+            Some(h) => cmd.env("GRADWIRE_HOSTS", h),
+            None => cmd.env_remove("GRADWIRE_HOSTS"),
+        };
+        cmd.env_remove("GRADWIRE_HOST").args([
+            "bench",
+            "engine",
+            "--np",
+            "4",
+            "--transport",
+            "tcp",
+            "--cases",
+            "lenet",
+            "--reps",
+            "2",
+            "--json",
+        ]);
+        cmd.arg(&json);
+        let out = output_within(cmd, Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["results"][0]["case"], "lenet", "{v}");
+        assert_eq!(
+            v["results"][0].get("hierarchy").and_then(|h| h.as_str()),
+            want,
+            "{v}"
+        );
+        assert!(v["results"][0]["engine_ms"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `gradwire simulate --json`: the results have exactly the documented fields, one entry per
 /// (link, workers, codec), dense has speedup 1, and the inputs and provenance are recorded.
 #[test]

@@ -120,6 +120,9 @@ pub struct BenchResult {
     /// Engine mode: rounds per repetition that reduced the dense batch speculatively (mean).
     #[serde(default)]
     pub engine_speculative: f64,
+    /// The engine's hierarchy ([`Engine::hierarchy`]); `None`: flat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchy: Option<String>,
 }
 
 impl BenchResult {
@@ -203,6 +206,7 @@ pub fn run<T: Transport + 'static>(
     }
 
     let engine = Engine::start(transport, config, &tensors)?;
+    let hierarchy = engine.hierarchy().map(str::to_string);
     let mut times = Vec::new();
     let (mut rounds, mut groups, mut spec) = (0u64, 0u64, 0u64);
     for rep in 0..=reps {
@@ -241,6 +245,7 @@ pub fn run<T: Transport + 'static>(
             engine_rounds: rounds as f64 / reps as f64,
             engine_collectives: groups as f64 / reps as f64,
             engine_speculative: spec as f64 / reps as f64,
+            hierarchy,
         },
         transport,
     ))

@@ -394,6 +394,55 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Record timeline spans (default off: they accumulate in memory until written).
     pub timeline: bool,
+    /// Where this rank runs (default `None`: every rank treated as on one flat network).
+    /// With it, [`Engine::start`](crate::Engine::start) exchanges the ranks' hosts and, when
+    /// the job spans several hosts with several ranks on one, reduces dense tensors
+    /// hierarchically: shared memory within a host, one path between hosts.
+    pub hosts: Option<HostConfig>,
+}
+
+/// Where a rank runs, for the hierarchical dense path (Horovod's hierarchical all-reduce).
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// This rank's host: ranks that give the same name share a host (a hostname, or a
+    /// declared name, so that a test can place ranks on different hosts).
+    pub host: String,
+    /// How the ranks of one host reach each other.
+    pub local: LocalLink,
+}
+
+/// The transport among the ranks of one host.
+#[derive(Clone)]
+pub enum LocalLink {
+    /// Shared memory: the job's settings; the engine replaces rank, world size and job token
+    /// by the host's (local rank = position among the host's ranks, job token +
+    /// `/host:NAME/engine:N` for the process's `N`-th such engine). For ranks that are
+    /// processes (a process's engines are numbered in start order).
+    #[cfg(unix)]
+    Shm(gradwire_transport::shm::ShmConfig),
+    /// A transport among this host's ranks, already connected, its ranks numbered in the
+    /// order of their job ranks; taken by the engine at start (so a config holding it starts
+    /// one engine).
+    Given(std::sync::Arc<std::sync::Mutex<Option<Box<dyn gradwire_transport::Transport>>>>),
+}
+
+impl LocalLink {
+    /// [`LocalLink::Given`] of `t`.
+    pub fn given<T: gradwire_transport::Transport + 'static>(t: T) -> LocalLink {
+        LocalLink::Given(std::sync::Arc::new(std::sync::Mutex::new(Some(Box::new(
+            t,
+        )))))
+    }
+}
+
+impl std::fmt::Debug for LocalLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            #[cfg(unix)]
+            LocalLink::Shm(c) => f.debug_tuple("Shm").field(c).finish(),
+            LocalLink::Given(_) => f.write_str("Given(..)"),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -411,6 +460,7 @@ impl Default for EngineConfig {
             dense: DenseAlgorithm::Canonical,
             seed: 0,
             timeline: false,
+            hosts: None,
         }
     }
 }

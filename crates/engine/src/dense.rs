@@ -10,7 +10,18 @@
 //! the world's chunking, leaves every result bit for bit unchanged. Bytes per rank as the
 //! ring: `2 (P-1)/P` of the buffer; `P-1 + log2 P` messages on power-of-two worlds, `2 (P-1)`
 //! otherwise (segmented by `seg_bytes`).
+//!
+//! [`hierarchical_mean`]: the same arithmetic when the job spans several hosts (see
+//! `hosts.rs`): rank order within each host over its local link, then host order across the
+//! hosts' leaders, then a broadcast within each host. Still position-independent (fusion stays
+//! bit-identical); grouped by host, so it may differ from the flat order in the last bits.
+//! A deviation from `gradwire_collective::hierarchical` (a ring within the host, the size-chosen
+//! algorithm across hosts), whose sums depend on an element's position; that one runs under
+//! [`DenseAlgorithm::Collective`](crate::DenseAlgorithm), which claims no bit-identity anyway.
 
+use std::ops::Range;
+
+use gradwire_collective::hierarchical::Group;
 use gradwire_collective::{chunks, Algorithm, Result};
 use gradwire_transport::Transport;
 
@@ -18,6 +29,12 @@ use gradwire_transport::Transport;
 /// the `P = world` ranks' parts of one chunk one after another (`out.len()` floats each):
 /// every element summed in rank order, row by row (contiguous loops, no strided reads).
 pub(crate) fn rank_order_mean(parts: &[f32], world: usize, out: &mut [f32]) {
+    rank_order_sum(parts, world, out);
+    divide(out, world);
+}
+
+/// [`rank_order_mean`] without the division.
+fn rank_order_sum(parts: &[f32], world: usize, out: &mut [f32]) {
     let m = out.len();
     out.copy_from_slice(&parts[..m]);
     for part in parts[m..world * m].chunks_exact(m.max(1)) {
@@ -25,27 +42,32 @@ pub(crate) fn rank_order_mean(parts: &[f32], world: usize, out: &mut [f32]) {
             *o += *x;
         }
     }
-    if world > 1 {
-        let n = world as f32;
+}
+
+/// `x /= n` for every element (nothing for `n <= 1`).
+fn divide(out: &mut [f32], n: usize) {
+    if n > 1 {
+        let n = n as f32;
         for o in out.iter_mut() {
             *o /= n;
         }
     }
 }
 
-/// Mean over ranks of `buf`, summed in rank order (see the module doc). `scratch` is reused.
-pub(crate) fn canonical_mean<T: Transport + ?Sized>(
+/// The canonical reduce-scatter: afterwards `buf[range]` (the returned range, this rank's
+/// chunk) holds the rank-order **sum** of every rank's chunk (see the module doc).
+fn reduce_scatter_sum<T: Transport + ?Sized>(
     t: &mut T,
     buf: &mut [f32],
     seg_bytes: usize,
     scratch: &mut Vec<f32>,
-) -> Result<()> {
+) -> Result<Range<usize>> {
     let (rank, world) = (t.rank(), t.world_size());
-    if world == 1 {
-        return Ok(());
-    }
     let len = buf.len();
     let mine = chunks::range(len, world, rank);
+    if world == 1 {
+        return Ok(mine);
+    }
     let m = mine.len();
     let seg = (seg_bytes / 4).max(1);
     let nseg = chunks::segments(len.div_ceil(world), seg);
@@ -68,11 +90,110 @@ pub(crate) fn canonical_mean<T: Transport + ?Sized>(
             )?;
         }
     }
-    rank_order_mean(scratch, world, &mut buf[mine]);
+    rank_order_sum(scratch, world, &mut buf[mine.clone()]);
+    Ok(mine)
+}
+
+/// Mean over ranks of `buf`, summed in rank order (see the module doc). `scratch` is reused.
+pub(crate) fn canonical_mean<T: Transport + ?Sized>(
+    t: &mut T,
+    buf: &mut [f32],
+    seg_bytes: usize,
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    let world = t.world_size();
+    if world == 1 {
+        return Ok(());
+    }
+    let mine = reduce_scatter_sum(t, buf, seg_bytes, scratch)?;
+    divide(&mut buf[mine], world);
     // A copy, no arithmetic: any all-gather gives the same bits. Recursive doubling on
     // power-of-two worlds (`log2 P` steps instead of the ring's `P-1`; same chunks), the ring
     // otherwise.
     gradwire_collective::all_gather(t, buf, Algorithm::Rabenseifner, seg_bytes)
+}
+
+/// Where this rank sits in a job that spans several hosts (see [`hierarchical_mean`]).
+pub(crate) struct HostLinks {
+    /// A transport among this host's ranks (local rank 0 leads); `None` when alone on it.
+    pub local: Option<Box<dyn Transport>>,
+    /// Job rank of each local rank.
+    pub local_ranks: Vec<usize>,
+    /// Job rank of each host's leader, in host order.
+    pub leaders: Vec<usize>,
+    /// Ranks in the job.
+    pub world: usize,
+    /// Ranks per host, in host order.
+    pub sizes: Vec<usize>,
+}
+
+impl HostLinks {
+    /// `2 hosts (2+2 ranks)`.
+    pub(crate) fn describe(&self) -> String {
+        let sizes: Vec<String> = self.sizes.iter().map(usize::to_string).collect();
+        format!("{} hosts ({} ranks)", sizes.len(), sizes.join("+"))
+    }
+
+    /// Bytes sent over the local transport.
+    pub(crate) fn bytes_sent(&self) -> u64 {
+        self.local.as_ref().map_or(0, |l| l.bytes_sent())
+    }
+}
+
+/// The hierarchical mean, in canonical order: every rank's host reduces to its leader over
+/// `h.local` (the canonical reduce-scatter, summed in local rank order, then each chunk to
+/// the leader), the leaders sum the host sums in host order (the canonical reduce-scatter and
+/// an all-gather over the leaders' [`Group`] of the job transport `t`), each leader
+/// broadcasts over `h.local`, and every rank divides by the job's size.
+///
+/// Element `i` is `((host_0 + host_1) + ...) / P` with `host_k` its host's ranks' values
+/// summed in rank order: it depends on neither its position in the buffer nor the chunking,
+/// so fused and unfused results stay bit-identical. It is grouped by host, so it may differ
+/// from the flat [`canonical_mean`] in the last bits (exactly equal when the sums are exact).
+/// Errors name job ranks.
+pub(crate) fn hierarchical_mean(
+    t: &mut dyn Transport,
+    h: &mut HostLinks,
+    buf: &mut [f32],
+    seg_bytes: usize,
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    let local_ranks = &h.local_ranks;
+    let to_job = |i: usize| local_ranks.get(i).copied().unwrap_or(i);
+    let len = buf.len();
+    let leader = match h.local.as_deref_mut() {
+        Some(local) => {
+            let (me, n) = (local.rank(), local.world_size());
+            let res = (|| -> Result<()> {
+                let mine = reduce_scatter_sum(local, buf, seg_bytes, scratch)?;
+                if me != 0 {
+                    local.send(0, bytemuck::cast_slice(&buf[mine]))?;
+                    return Ok(());
+                }
+                for r in 1..n {
+                    let range = chunks::range(len, n, r);
+                    local.recv_into(r, bytemuck::cast_slice_mut(&mut buf[range]))?;
+                }
+                Ok(())
+            })();
+            res.map_err(|e| e.map_ranks(to_job))?;
+            me == 0
+        }
+        None => true,
+    };
+    if leader && h.leaders.len() > 1 {
+        let mut g = Group::new(t, h.leaders.clone()).ok_or(gradwire_collective::Error::Codec {
+            what: "this host's leader is not among the leaders",
+        })?;
+        reduce_scatter_sum(&mut g, buf, seg_bytes, scratch)?;
+        gradwire_collective::all_gather(&mut g, buf, Algorithm::Rabenseifner, seg_bytes)?;
+    }
+    if let Some(local) = h.local.as_deref_mut() {
+        gradwire_collective::broadcast::broadcast(local, buf, 0, seg_bytes)
+            .map_err(|e| e.map_ranks(to_job))?;
+    }
+    divide(buf, h.world);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -138,6 +138,9 @@ pub(crate) struct Exec {
     fused_pairs: SparseGrad,
     sparse: SparseAllReduce,
     bcast: Vec<u8>,
+    /// The hierarchy, when the job spans several hosts with several ranks on one: the
+    /// dense reduction goes through it ([`crate::dense::hierarchical_mean`]).
+    pub hosts: Option<crate::dense::HostLinks>,
 }
 
 /// Momentum correction: `u = beta u + g`, then `g = u` (Nesterov: `g + beta u`).
@@ -165,6 +168,11 @@ impl Exec {
             dense,
             ..Default::default()
         }
+    }
+
+    /// Bytes sent over the hierarchy's local link (0 when flat).
+    pub(crate) fn local_bytes_sent(&self) -> u64 {
+        self.hosts.as_ref().map_or(0, |h| h.bytes_sent())
     }
 
     /// The fusion buffer, emptied (give it back with [`Exec::give_back`]).
@@ -249,6 +257,39 @@ impl Exec {
 
     fn reduce_dense(&mut self, t: &mut dyn Transport, buf: &mut [f32], fused: bool) -> Result<()> {
         let _ = fused;
+        if let Some(h) = self.hosts.as_mut() {
+            let seg = self.collective.segment_bytes();
+            match self.dense {
+                // Rank order within each host, host order across: position-independent, so
+                // fusion stays bit-identical (Tree has no hierarchical variant of its own).
+                DenseAlgorithm::Canonical | DenseAlgorithm::Tree => {
+                    crate::dense::hierarchical_mean(t, h, buf, seg, &mut self.scratch)?
+                }
+                // The collective crate's hierarchical all-reduce (ring within the host).
+                DenseAlgorithm::Collective => {
+                    let mut cross =
+                        gradwire_collective::hierarchical::Group::new(&mut *t, h.leaders.clone());
+                    let mut solo;
+                    let local: &mut dyn Transport = match h.local.as_deref_mut() {
+                        Some(l) => l,
+                        None => {
+                            solo = gradwire_transport::local::Local::world(1);
+                            &mut solo[0]
+                        }
+                    };
+                    gradwire_collective::hierarchical::all_reduce(
+                        local,
+                        cross.as_mut(),
+                        &h.local_ranks,
+                        &h.leaders,
+                        h.world,
+                        buf,
+                        ReduceOp::Mean,
+                    )?
+                }
+            }
+            return Ok(());
+        }
         match self.dense {
             DenseAlgorithm::Canonical => crate::dense::canonical_mean(
                 t,

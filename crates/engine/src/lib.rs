@@ -55,6 +55,7 @@ mod dense;
 mod error;
 pub mod fusion;
 mod handle;
+mod hosts;
 mod rd_gather;
 mod stats;
 pub mod timeline;
@@ -80,8 +81,8 @@ use gradwire_codec::Progress;
 use gradwire_transport::Transport;
 
 pub use config::{
-    tensor_seed, DenseAlgorithm, EngineConfig, MomentumConfig, Policy, Rule, Selector, Strategy,
-    TensorSpec,
+    tensor_seed, DenseAlgorithm, EngineConfig, HostConfig, LocalLink, MomentumConfig, Policy, Rule,
+    Selector, Strategy, TensorSpec,
 };
 pub use error::{Error, Result};
 /// The codecs the engine runs (spec strings, tensor roles), for callers that configure it.
@@ -114,6 +115,7 @@ pub struct Engine {
     world: usize,
     registered: HashMap<String, Arc<Descriptor>>,
     policies: Vec<Policy>,
+    hierarchy: Option<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -145,6 +147,10 @@ impl Engine {
             .collect();
         let before = t.bytes_sent();
         check_registration(&mut *t, &descs)?;
+        let hosts = match &config.hosts {
+            Some(h) if world > 1 => hosts::connect(&mut *t, h)?,
+            _ => None,
+        };
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             worker: Mutex::new(None),
@@ -159,7 +165,8 @@ impl Engine {
             .iter()
             .map(|d| (d.name.clone(), Arc::new(d.clone())))
             .collect();
-        let w = Worker::new(t, shared.clone(), config, &policies);
+        let hierarchy = hosts.as_ref().map(dense::HostLinks::describe);
+        let w = Worker::new(t, shared.clone(), config, &policies, hosts);
         *lock(&shared.worker) = Some(w);
         let s = shared.clone();
         let worker = std::thread::Builder::new()
@@ -176,7 +183,14 @@ impl Engine {
             world,
             registered,
             policies,
+            hierarchy,
         })
+    }
+
+    /// The hierarchy the dense tensors go through, e.g. `2 hosts (2+2 ranks)`; `None` when
+    /// flat ([`EngineConfig::hosts`] unset, or one host, or one rank per host).
+    pub fn hierarchy(&self) -> Option<&str> {
+        self.hierarchy.as_deref()
     }
 
     /// This rank.

@@ -24,7 +24,35 @@
 //! together, their canonical reduce-scatter rides the negotiation round
 //! ([`Worker::negotiate`]; one round fewer, the same bits).
 //!
-//! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
+//! ## Design note: waiter-driven rounds and the grace period
+//!
+//! Who runs a round matters more than what it sends on small models: on a loaded host each
+//! hand-off between threads (the submitter wakes the progress thread, the progress thread
+//! wakes the waiter) waits for the scheduler, easily longer than the round itself. So:
+//! - **Submitting wakes nobody.** A wake would let the progress thread preempt the submitter
+//!   mid-burst and negotiate half of it.
+//! - **The waiter runs the round.** [`crate::Handle::wait`] calls [`Shared::drive`], which
+//!   `try_lock`s the worker and runs the cycle on the waiting thread: no hand-off either way.
+//!   If the progress thread is inside a cycle, the waiter sleeps on its slot (bounded by one
+//!   cycle) and retries, so at most one thread ever owns the transport.
+//! - **The grace period** covers bursts nobody waits on yet (double buffering: submit, flush,
+//!   then compute): [`crate::Engine::flush`] wakes the progress thread, which leaves the burst
+//!   `gap` = an eighth of a cycle (20..200 µs; 125 µs at the default 1 ms) for a waiter to
+//!   take it, then starts the round itself. When a waiter takes the burst first, the progress
+//!   thread's timed wait finds the queue empty and goes back to sleep without touching the
+//!   worker. Without a flush or a waiter, a burst starts within ten cycles.
+//! - **Idle ranks sleep** ([`idle_check_period`]) instead of polling every cycle; they only
+//!   matter to the others' stall inspector.
+//!
+//! Where LeNet's step time goes (`examples/bench_engine`, 4 ranks as threads, loaded 2-core
+//! machine, alternating runs): the canonical speculative round (one round, 1.00 speculative)
+//! took 0.98-1.32 ms against flat's 0.42-0.54 ms (0.39-0.45x), while `DenseAlgorithm::Tree`
+//! (no speculation: a negotiation round, then Rabenseifner) took 0.59-0.76 ms (0.60-0.71x),
+//! so the hand-offs and the grace period are not the main cost: the rank-order pairwise
+//! reduce-scatter (`P-1` dependent exchanges plus the assembled send buffers) is. A faster
+//! steady state needs a speculative round along Rabenseifner's tree; not done yet.
+//!
+//! //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
 //! missing ranks (stalls) in the same round. "Now" for stall decisions is the largest clock
 //! reading in the round's messages, so every rank warns and aborts in the same round.
@@ -305,6 +333,7 @@ impl Worker {
         shared: Arc<Shared>,
         cfg: EngineConfig,
         policies: &[Policy],
+        hosts: Option<crate::dense::HostLinks>,
     ) -> Worker {
         let (rank, world) = (t.rank(), t.world_size());
         let mut w = Worker {
@@ -331,19 +360,21 @@ impl Worker {
             spec_tries: 0,
             last: Instant::now(),
         };
+        w.exec.hosts = hosts;
         for (i, p) in policies.iter().enumerate() {
             let state = w.build_state(i, p);
             let desc = registered_descriptor(p, &w.cfg);
             w.push_entry(desc, state);
         }
-        // Speculation needs the canonical sum (the only dense algorithm whose owner-side
-        // rank-order sum the combined round reproduces), no momentum, and a batch the normal
-        // path would fuse into one group anyway.
+        // Speculation needs the flat canonical sum (the only dense algorithm whose owner-side
+        // rank-order sum the combined round reproduces; not the hierarchical one, which sums
+        // by host), no momentum, and a batch the normal path would fuse into one group anyway.
         let ids: Vec<usize> = (0..w.states.len())
             .filter(|&id| w.states[id].kind == Kind::Dense && w.states[id].velocity.is_none())
             .collect();
         let bytes: usize = ids.iter().map(|&id| 4 * w.entries[id].len).sum();
         if world > 1
+            && w.exec.hosts.is_none()
             && w.cfg.dense == DenseAlgorithm::Canonical
             && !ids.is_empty()
             && bytes <= w.cfg.fusion_bytes.min(SPEC_MAX_BYTES)
@@ -872,7 +903,7 @@ impl Worker {
         let kind = self.states[group[0]].kind;
         let spec_sent = reduced.as_ref().map_or(0, |(_, b)| *b);
         let mut clock = Clock::start();
-        let before = self.t.bytes_sent();
+        let before = self.t.bytes_sent() + self.exec.local_bytes_sent();
         let res = if let Some((mut fused, _)) = reduced {
             clock.mark(Phase::Fuse);
             let r = gradwire_collective::all_gather(
@@ -913,7 +944,8 @@ impl Worker {
                 &mut clock,
             )
         };
-        let wire = self.t.bytes_sent().saturating_sub(before) + spec_sent;
+        let wire =
+            (self.t.bytes_sent() + self.exec.local_bytes_sent()).saturating_sub(before) + spec_sent;
         if let Err(e) = res {
             for s in subs {
                 s.slot.complete(Err(e.clone()));

@@ -3,6 +3,7 @@
 
 mod accounting;
 mod codecs;
+mod hosts;
 mod negotiation;
 mod shapes;
 
