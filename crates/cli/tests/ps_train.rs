@@ -375,8 +375,19 @@ fn train_json(
     flags: &[&str],
     limit: Duration,
 ) -> (Vec<serde_json::Value>, serde_json::Value) {
+    train_json_after(short_run(data, out), out, flags, limit)
+}
+
+/// Runs `train` with `base` then `flags` within `limit`; returns stdout's JSON lines and
+/// run.json (from `out`).
+fn train_json_after(
+    base: Vec<String>,
+    out: &Path,
+    flags: &[&str],
+    limit: Duration,
+) -> (Vec<serde_json::Value>, serde_json::Value) {
     let mut cmd = gradwire();
-    cmd.args(short_run(data, out)).args(flags);
+    cmd.args(base).args(flags);
     let o = output_within(cmd, limit);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{flags:?}: {err}");
@@ -399,9 +410,18 @@ fn sandblaster_lbfgs_trains_the_mlp_through_the_shards() {
     let Some(data) = fashion_mnist() else { return };
     let dir = scratch("sandblaster");
     let started = Instant::now();
-    let (lines, run) = train_json(
-        &data,
-        &dir.join("run"),
+    // Sandblaster takes no --batch (its batch is --sb-batch), so not the SGD runs' flags.
+    let out = dir.join("run");
+    let base = vec![
+        "train".to_string(),
+        "--quiet".into(),
+        "--eval-limit=100".into(),
+        format!("--data={}", data.display()),
+        format!("--out={}", out.display()),
+    ];
+    let (lines, run) = train_json_after(
+        base,
+        &out,
         &[
             "--model=mlp:hidden=32",
             "--sync=sandblaster",
