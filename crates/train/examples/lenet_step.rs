@@ -106,8 +106,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(" eval500={:.3}", median(ev));
     print!("gradwire {kind} ({path}) threads={threads} batch={bs} median cpu ms: ");
     for (name, v) in names.iter().zip(cpu) {
-        if name != &"forward" {
-            let name = if name == &"backward" { "fwd+bwd" } else { name };
+        if *name != "forward" {
+            let name = if *name == "backward" { "fwd+bwd" } else { name };
             print!(" {name}={:.3}", median(v));
         }
     }

@@ -96,8 +96,8 @@ struct Offsets {
 impl Offsets {
     fn new(layout: &[usize; 10]) -> Offsets {
         let mut o = [0usize; 11];
-        for i in 0..10 {
-            o[i + 1] = o[i] + layout[i];
+        for (i, &len) in layout.iter().enumerate() {
+            o[i + 1] = o[i] + len;
         }
         Offsets {
             w1: o[0],
@@ -367,8 +367,8 @@ fn bias_relu_pool(
                 for j in 0..pw {
                     let cand = [r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1]];
                     let mut best = 0;
-                    for q in 1..4 {
-                        if cand[q] > cand[best] {
+                    for (q, &v) in cand.iter().enumerate().skip(1) {
+                        if v > cand[best] {
                             best = q;
                         }
                     }
