@@ -418,21 +418,6 @@ mod tests {
             assert_eq!(other, [0.5, 4.0]);
             assert_eq!(tables, 2);
         }
-        let mut probe = KvStore::connect(ClientConfig::new(WorkerId(9), vec![addr])).unwrap();
-        let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Assign);
-        let mut out = [0.0f32; 3];
-        probe
-            .init(Key(METRICS_BASE), spec.clone(), &[7.0; 3])
-            .unwrap();
-        probe.pull(Key(METRICS_BASE), &mut out).unwrap();
-        assert_eq!(
-            out,
-            [40.5, 81.0, -40.5],
-            "the first table holds the last mean"
-        );
-        probe.init(Key(METRICS_BASE + 2), spec, &[7.0; 3]).unwrap();
-        probe.pull(Key(METRICS_BASE + 2), &mut out).unwrap();
-        assert_eq!(out, [7.0; 3], "no third table was made");
     }
 
     #[test]
