@@ -297,26 +297,13 @@ pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>
             _ => 0.0,
         },
     };
-    let servers = if a.ps_servers.is_empty() {
-        if cx.launched {
-            bail!(
-                "--sync {mode} under a launcher: start the shards with `gradwire ps serve \
-                 --workers N` and pass their addresses with --ps-servers ADDR,..."
-            );
-        }
-        a.servers.unwrap_or(1)
-    } else {
-        if let Some(s) = a.servers.filter(|&s| s != a.ps_servers.len()) {
-            bail!(
-                "--servers {s} but --ps-servers names {} shard(s)",
-                a.ps_servers.len()
-            );
-        }
-        a.ps_servers.len()
-    };
-    if !(1..=64).contains(&servers) {
-        bail!("--servers must be between 1 and 64");
+    if a.ps_servers.is_empty() && cx.launched {
+        bail!(
+            "--sync {mode} under a launcher: start the shards with `gradwire ps serve \
+             --workers N` and pass their addresses with --ps-servers ADDR,..."
+        );
     }
+    let servers = server_count(a)?;
     Ok(Some(PsPlan {
         mode,
         sb: None,
@@ -378,6 +365,26 @@ fn push_codec(codec: &CodecConfig, push: Option<&PushCodec>, mode: PsMode) -> Re
 }
 
 /// Refuses a `--sb-*` flag outside `--sync sandblaster`.
+/// The shard count: the length of `--ps-servers` (which `--servers`, if given, must match),
+/// else `--servers` (default 1); between 1 and 64.
+fn server_count(a: &PsArgs) -> Result<usize> {
+    let servers = if a.ps_servers.is_empty() {
+        a.servers.unwrap_or(1)
+    } else {
+        if let Some(s) = a.servers.filter(|&s| s != a.ps_servers.len()) {
+            bail!(
+                "--servers {s} but --ps-servers names {} shard(s)",
+                a.ps_servers.len()
+            );
+        }
+        a.ps_servers.len()
+    };
+    if !(1..=64).contains(&servers) {
+        bail!("--servers must be between 1 and 64");
+    }
+    Ok(servers)
+}
+
 fn sb_flags_need_sandblaster(a: &PsArgs, mode: Option<PsMode>) -> Result<()> {
     let given = [
         ("--sb-iters", a.sb_iters.is_some()),
@@ -446,20 +453,7 @@ fn plan_sandblaster(cx: &PlanContext<'_>) -> Result<Option<PsPlan>> {
     }
     let batch = positive("--sb-batch", a.sb_batch)?;
     let unit = positive("--sb-unit", a.sb_unit)?;
-    let servers = if a.ps_servers.is_empty() {
-        a.servers.unwrap_or(1)
-    } else {
-        if let Some(s) = a.servers.filter(|&s| s != a.ps_servers.len()) {
-            bail!(
-                "--servers {s} but --ps-servers names {} shard(s)",
-                a.ps_servers.len()
-            );
-        }
-        a.ps_servers.len()
-    };
-    if !(1..=64).contains(&servers) {
-        bail!("--servers must be between 1 and 64");
-    }
+    let servers = server_count(a)?;
     Ok(Some(PsPlan {
         mode: PsMode::Sandblaster,
         sb: Some(SbPlan {
