@@ -25,7 +25,8 @@ pub struct ReportArgs {
     /// Codecs to compare, comma-separated names or specs. A bare name takes the setting of
     /// its paper's headline result: topk = topk:ratio=0.01, qsgd = qsgd:bits=4,
     /// dgc = dgc:ratio=0.001, threshold = threshold:tau=0.005; adaptive runs with its
-    /// paper defaults (Dryden: pi = 1/64, per column).
+    /// paper defaults (Dryden: pi = 1/64, per column); `auto` is train's `--codec auto`
+    /// (a codec per tensor from the cost model; no `mc` row).
     /// Specs with parameters may be listed too: `topk:ratio=0.001,qsgd:bits=2,bucket=128,dgc`
     /// (a `key=value` piece belongs to the codec before it).
     #[arg(
@@ -53,7 +54,8 @@ pub struct ReportArgs {
     /// Rows per codec, comma-separated: `paper` (the codec as its paper specifies it) and
     /// `mc` (the same codec with `--momentum-correction on`, DGC's momentum correction as a
     /// gradwire option). `mc` rows are left out for `none` (momentum correction is then the
-    /// same as momentum SGD) and for `dgc` (its paper already includes it).
+    /// same as momentum SGD), for `dgc` (its paper already includes it) and for `auto` (which
+    /// mixes codecs per tensor).
     #[arg(long, value_delimiter = ',', default_value = "paper")]
     variants: Vec<Variant>,
     /// Keep the runs already in `--out` whose `run.json` has all `--epochs` epochs (to resume
@@ -108,7 +110,7 @@ struct Job {
 /// Without links the runs sit directly in `out`; with links each has its own
 /// `out/link-<spec>` (`none`: no emulation).
 fn plan_jobs(
-    codecs: &[gradwire_codec::CodecConfig],
+    codecs: &[String],
     variants: &[Variant],
     seeds: &[u64],
     links: &[String],
@@ -128,7 +130,7 @@ fn plan_jobs(
 
 /// The runs of one link.
 fn plan_link(
-    codecs: &[gradwire_codec::CodecConfig],
+    codecs: &[String],
     variants: &[Variant],
     seeds: &[u64],
     link: Option<String>,
@@ -140,11 +142,11 @@ fn plan_link(
         seeds.iter().copied().map(Some).collect()
     };
     let mut jobs = Vec::new();
-    for codec in codecs {
-        let name = codec.to_string();
+    for name in codecs {
+        let name = name.clone();
         let family = name.split(':').next().unwrap_or_default();
         for &variant in variants {
-            if variant == Variant::Mc && matches!(family, "none" | "dgc") {
+            if variant == Variant::Mc && matches!(family, "none" | "dgc" | "auto") {
                 continue;
             }
             let mut dir = out.join(sanitize(&name));
@@ -193,7 +195,12 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         .iter()
         .map(|name| {
             let spec = preset(name);
+            if spec.eq_ignore_ascii_case("auto") {
+                // train's --codec auto: a codec per tensor, chosen by the cost model.
+                return Ok("auto".to_string());
+            }
             spec.parse::<gradwire_codec::CodecConfig>()
+                .map(|c| c.to_string())
                 .with_context(|| format!("codec '{spec}'"))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -452,9 +459,13 @@ mod tests {
 
     #[test]
     fn the_matrix_skips_mc_rows_that_equal_the_paper_and_nests_seeds() {
-        let codecs: Vec<gradwire_codec::CodecConfig> = ["none", "dgc:ratio=0.001", "qsgd:bits=4"]
+        let codecs: Vec<String> = ["none", "dgc:ratio=0.001", "qsgd:bits=4"]
             .iter()
-            .map(|c| c.parse().unwrap())
+            .map(|c| {
+                c.parse::<gradwire_codec::CodecConfig>()
+                    .unwrap()
+                    .to_string()
+            })
             .collect();
         let out = std::path::Path::new("o");
         let jobs = plan_jobs(&codecs, &[Variant::Paper, Variant::Mc], &[1, 2], &[], out);
@@ -462,8 +473,8 @@ mod tests {
             .iter()
             .map(|j| (j.spec.clone(), j.variant, j.seed))
             .collect();
-        let qsgd = codecs[2].to_string();
-        let dgc = codecs[1].to_string();
+        let qsgd = codecs[2].clone();
+        let dgc = codecs[1].clone();
         let want = vec![
             ("none".to_string(), Variant::Paper, Some(1)),
             ("none".to_string(), Variant::Paper, Some(2)),
@@ -486,6 +497,16 @@ mod tests {
         assert_eq!(single.len(), 1);
         assert_eq!(single[0].seed, None);
         assert_eq!(single[0].dir, out.join("none"));
+        // `auto` gets no momentum-correction row.
+        let auto = plan_jobs(
+            &["auto".to_string()],
+            &[Variant::Paper, Variant::Mc],
+            &[],
+            &[],
+            out,
+        );
+        assert_eq!(auto.len(), 1);
+        assert_eq!(auto[0].spec, "auto");
         // With links: the whole matrix once per link, each in its own directory; `none`
         // runs without emulation.
         let links = ["100mbit".to_string(), "none".to_string()];
@@ -494,7 +515,7 @@ mod tests {
             .iter()
             .map(|j| (j.link.as_deref(), j.dir.as_path()))
             .collect();
-        let dgc_dir = sanitize(&codecs[1].to_string());
+        let dgc_dir = sanitize(&codecs[1]);
         assert_eq!(
             got,
             vec![
