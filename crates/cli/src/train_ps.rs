@@ -235,6 +235,19 @@ pub struct PlanContext<'a> {
     pub link: bool,
 }
 
+/// The all-reduce engine's settings, each with whether it was given: no parameter-server
+/// mode takes them.
+fn all_reduce_flags(cx: &PlanContext<'_>) -> [(&'static str, bool); 5] {
+    let t = cx.args;
+    [
+        ("--rule", !t.rules.is_empty()),
+        ("--timeline", t.timeline.is_some()),
+        ("--link", t.link.is_some() || cx.link),
+        ("--fusion-bytes", t.fusion_bytes.is_some()),
+        ("--threads-as-workers", t.threads_as_workers),
+    ]
+}
+
 /// Checks the PS flags against the mode and the rest of the plan; `None` without a PS mode.
 pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>> {
     let a = &cx.args.ps;
@@ -264,14 +277,7 @@ pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>
         PsMode::Sandblaster => return plan_sandblaster(cx),
     };
     let codec = push_codec(cx.codec, a.push_codec.as_ref(), mode)?;
-    let t = cx.args;
-    for (flag, given) in [
-        ("--rule", !t.rules.is_empty()),
-        ("--timeline", t.timeline.is_some()),
-        ("--link", t.link.is_some() || cx.link),
-        ("--fusion-bytes", t.fusion_bytes.is_some()),
-        ("--threads-as-workers", t.threads_as_workers),
-    ] {
+    for (flag, given) in all_reduce_flags(cx) {
         if given {
             bail!("{flag} is an all-reduce setting; it does not apply to --sync {mode}");
         }
@@ -429,12 +435,10 @@ fn plan_sandblaster(cx: &PlanContext<'_>) -> Result<Option<PsPlan>> {
         ("--n-push", a.n_push.is_some()),
         ("--local-lr", a.local_lr.is_some()),
         ("--dead-policy", a.dead_policy.is_some()),
-        ("--rule", !t.rules.is_empty()),
-        ("--timeline", t.timeline.is_some()),
-        ("--link", t.link.is_some() || cx.link),
-        ("--fusion-bytes", t.fusion_bytes.is_some()),
-        ("--threads-as-workers", t.threads_as_workers),
-    ] {
+    ]
+    .into_iter()
+    .chain(all_reduce_flags(cx))
+    {
         if given {
             bail!(
                 "{flag} does not apply to --sync sandblaster (batch L-BFGS with a line search; \
