@@ -333,7 +333,7 @@ fn time_to_accuracy_chart(
     use crate::report_render::link_bits;
     use crate::report_tta::{GroupTime, Target};
     let metric = crate::records::common_metric(runs);
-    let base: Vec<&RunRecord> = runs.iter().filter(|r| r.codec == baseline).collect();
+    let base = crate::report_render::baseline_runs(runs, baseline);
     let Some(target) = Target::choose(metric, &base, target) else {
         bail!("no baseline run and no --target, so no target to time");
     };

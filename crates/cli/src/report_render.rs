@@ -153,7 +153,7 @@ pub fn render_markdown(
 }
 
 /// The runs of the baseline codec: without momentum correction where such runs exist.
-fn baseline_runs<'a>(runs: &'a [RunRecord], baseline_codec: &str) -> Vec<&'a RunRecord> {
+pub(crate) fn baseline_runs<'a>(runs: &'a [RunRecord], baseline_codec: &str) -> Vec<&'a RunRecord> {
     let all: Vec<&RunRecord> = runs.iter().filter(|r| r.codec == baseline_codec).collect();
     let plain: Vec<&RunRecord> = all
         .iter()
