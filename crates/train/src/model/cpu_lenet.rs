@@ -409,6 +409,42 @@ fn relu_pool_backward(
 }
 
 /// `v[r, :] += bias` then ReLU, for `rows` rows of `bias.len()`.
+/// The backward pass of one Linear layer (weight `[fan_in, fan_out]`, row-major) over a batch
+/// of `n`: from its input `x` (`n x fan_in`) and the output gradient `gy` (`n x fan_out`),
+/// the weight gradient `x^T gy`, the bias gradient (column sums of `gy`) and the input
+/// gradient `gy w^T` (`n x fan_in`). `grads`: (weight gradient, bias gradient).
+fn linear_backward(
+    n: usize,
+    (fan_in, fan_out): (usize, usize),
+    x: &[f32],
+    gy: &[f32],
+    weight: &[f32],
+    (gw, gb): (&mut [f32], &mut [f32]),
+    gx: &mut [f32],
+) {
+    matmul(
+        fan_in,
+        fan_out,
+        n,
+        gw,
+        fan_out,
+        false,
+        mat(x, 1, fan_in),
+        mat(gy, fan_out, 1),
+    );
+    col_sums(gy, gb);
+    matmul(
+        n,
+        fan_in,
+        fan_out,
+        gx,
+        fan_in,
+        false,
+        mat(gy, fan_out, 1),
+        mat(weight, 1, fan_out),
+    );
+}
+
 fn bias_relu(v: &mut [f32], bias: &[f32]) {
     for row in v.chunks_exact_mut(bias.len()) {
         for (x, &b) in row.iter_mut().zip(bias) {
@@ -729,74 +765,18 @@ impl Model for CpuLeNet {
         grads.clear();
         grads.resize(off.end, 0.0);
         let (fin, s2) = (g.fc_in(), g.hp2 * g.wp2);
-        // fc3.
-        matmul(
-            F2,
-            nc,
-            n,
-            &mut grads[off.wf3..off.bf3],
-            nc,
-            false,
-            mat(&w.a4, 1, F2),
-            mat(&w.g5, nc, 1),
-        );
-        col_sums(&w.g5, &mut grads[off.bf3..off.end]);
-        matmul(
-            n,
-            F2,
-            nc,
-            &mut w.ga4,
-            F2,
-            false,
-            mat(&w.g5, nc, 1),
-            mat(&p[off.wf3..off.bf3], 1, nc),
-        );
+        // fc3, fc2 (+ ReLU), fc1 (+ ReLU), each through `linear_backward`.
+        let (gw, rest) = grads[off.wf3..].split_at_mut(off.bf3 - off.wf3);
+        let lin = &p[off.wf3..off.bf3];
+        linear_backward(n, (F2, nc), &w.a4, &w.g5, lin, (gw, rest), &mut w.ga4);
         relu_mask(&mut w.ga4, &w.a4);
-        // fc2.
-        matmul(
-            F1,
-            F2,
-            n,
-            &mut grads[off.wf2..off.bf2],
-            F2,
-            false,
-            mat(&w.a3, 1, F1),
-            mat(&w.ga4, F2, 1),
-        );
-        col_sums(&w.ga4, &mut grads[off.bf2..off.wf3]);
-        matmul(
-            n,
-            F1,
-            F2,
-            &mut w.ga3,
-            F1,
-            false,
-            mat(&w.ga4, F2, 1),
-            mat(&p[off.wf2..off.bf2], 1, F2),
-        );
+        let (gw, rest) = grads[off.wf2..off.wf3].split_at_mut(off.bf2 - off.wf2);
+        let lin = &p[off.wf2..off.bf2];
+        linear_backward(n, (F1, F2), &w.a3, &w.ga4, lin, (gw, rest), &mut w.ga3);
         relu_mask(&mut w.ga3, &w.a3);
-        // fc1.
-        matmul(
-            fin,
-            F1,
-            n,
-            &mut grads[off.wf1..off.bf1],
-            F1,
-            false,
-            mat(&w.x3, 1, fin),
-            mat(&w.ga3, F1, 1),
-        );
-        col_sums(&w.ga3, &mut grads[off.bf1..off.wf2]);
-        matmul(
-            n,
-            fin,
-            F1,
-            &mut w.gx3,
-            fin,
-            false,
-            mat(&w.ga3, F1, 1),
-            mat(&p[off.wf1..off.bf1], 1, F1),
-        );
+        let (gw, rest) = grads[off.wf1..off.wf2].split_at_mut(off.bf1 - off.wf1);
+        let lin = &p[off.wf1..off.bf1];
+        linear_backward(n, (fin, F1), &w.x3, &w.ga3, lin, (gw, rest), &mut w.gx3);
         // Unflatten into the channel-major pooled gradient.
         for c in 0..C2 {
             for s in 0..n {
