@@ -186,6 +186,73 @@ fn worker_pid(parent: u32, rank: usize) -> Option<u32> {
     None
 }
 
+/// A `train` run in the background: stdout's lines as they come, stderr once it ends; killed
+/// (with its workers) when dropped.
+struct Streaming {
+    guard: Guard,
+    lines: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Streaming {
+    fn spawn(mut cmd: Command) -> Streaming {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (etx, stderr_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+            let _ = etx.send(s);
+        });
+        Streaming {
+            guard: Guard(child),
+            lines,
+            stderr: stderr_rx,
+        }
+    }
+
+    /// Waits (at most 120 s) for rank 0's first epoch line, SIGKILLs worker `rank`, then
+    /// waits at most `limit` for the run to end; returns the first line, the exit status and
+    /// stderr.
+    fn kill_after_first_epoch(
+        &mut self,
+        rank: usize,
+        limit: Duration,
+    ) -> (String, std::process::ExitStatus, String) {
+        let first = self
+            .lines
+            .recv_timeout(Duration::from_secs(120))
+            .expect("rank 0 reported its first epoch");
+        let parent = self.guard.0.id();
+        let victim = worker_pid(parent, rank)
+            .unwrap_or_else(|| panic!("worker {rank} is still running after epoch 1"));
+        kill(victim);
+        let killed = Instant::now();
+        let status = loop {
+            if let Some(s) = self.guard.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                killed.elapsed() < limit,
+                "training still running {limit:?} after worker {rank} was killed"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = self.stderr.recv_timeout(Duration::from_secs(10)).unwrap();
+        (first, status, err)
+    }
+}
+
 /// Downpour with 4 workers and 2 shards: worker 3 is SIGKILLed after rank 0's first epoch;
 /// the others train on to the end, rank 0 reports every epoch, the parent names the lost
 /// worker, and it all ends within a bound.
@@ -200,52 +267,13 @@ fn ps_async_trains_on_when_a_worker_is_killed() {
         .args(["--epochs", "3", "--max-steps", "40"])
         // DistBelief's Downpour with Adagrad at the shards (momentum SGD applied per push
         // by 4 stale workers can diverge).
-        .args(["--optimizer", "adagrad:lr=0.01"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let parent = child.id();
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut guard = Guard(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let (etx, erx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            s.push_str(&line);
-            s.push('\n');
-        }
-        let _ = etx.send(s);
-    });
-    let first = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("rank 0 reported its first epoch");
+        .args(["--optimizer", "adagrad:lr=0.01"]);
+    let mut run = Streaming::spawn(cmd);
+    let (first, status, err) = run.kill_after_first_epoch(3, Duration::from_secs(120));
     assert!(first.contains("\"epoch\":1"), "{first}");
-    let victim = worker_pid(parent, 3).expect("worker 3 is still running after epoch 1");
-    kill(victim);
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = guard.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(120),
-            "training did not end within 120 s of the kill"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let err = erx.recv_timeout(Duration::from_secs(10)).unwrap();
     assert!(status.success(), "{err}");
     let mut lines = vec![first];
-    lines.extend(rx.try_iter());
+    lines.extend(run.lines.try_iter());
     let epochs: Vec<serde_json::Value> = lines
         .iter()
         .filter(|l| l.starts_with('{'))
@@ -320,44 +348,8 @@ fn ps_sync_names_a_killed_worker_within_the_deadline() {
     let mut cmd = gradwire();
     cmd.args(short_run(&data, &dir.join("run")))
         .args(["--workers", "4", "--servers", "2", "--sync", "ps-sync"])
-        .args(["--epochs", "3", "--max-steps", "40"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let parent = child.id();
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut guard = Guard(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let (etx, erx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
-        let _ = etx.send(s);
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("rank 0 reported its first epoch");
-    let victim = worker_pid(parent, 3).expect("worker 3 is still running after epoch 1");
-    kill(victim);
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = guard.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "ps-sync still running 60 s after a worker was killed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let err = erx.recv_timeout(Duration::from_secs(10)).unwrap();
+        .args(["--epochs", "3", "--max-steps", "40"]);
+    let (_, status, err) = Streaming::spawn(cmd).kill_after_first_epoch(3, Duration::from_secs(60));
     assert!(!status.success(), "{err}");
     assert!(err.contains("worker 3 was lost"), "{err}");
     assert!(
