@@ -65,6 +65,21 @@ fn ring_exchange_order_and_sizes() {
     }
 }
 
+/// The rings are faulted in at setup (`MAP_POPULATE`): no page of a ring is first touched
+/// while a message is timed.
+#[test]
+fn rings_are_resident_before_the_first_message() {
+    let ranks = world(3, 256 << 10);
+    for t in &ranks {
+        for ring in t.tx.iter().chain(&t.rx).flatten() {
+            let (resident, pages) = ring.resident_pages();
+            // 256 KiB of data and the header page.
+            assert_eq!(pages, 65, "rank {}", t.rank());
+            assert_eq!(resident, pages, "rank {}: pages not faulted in", t.rank());
+        }
+    }
+}
+
 #[test]
 fn large_duplex_through_small_rings_does_not_deadlock() {
     // 8 MiB each way through 4 KiB rings, both ranks sending at once.
