@@ -80,12 +80,14 @@ impl Ring {
         std::fs::rename(&tmp, path)
     }
 
-    /// Maps the ring file at `path`, checks its header, and claims `role` in it.
+    /// Maps the ring file at `path` (its pages faulted in with `populate`, see `map`), checks
+    /// its header, and claims `role` in it.
     /// `Ok(None)` when the role is already taken (a stale file of an earlier job).
     pub(crate) fn open(
         path: &Path,
         role: Role,
         expect: &RingHeader,
+        populate: bool,
     ) -> Result<Option<Ring>, OpenError> {
         let f = OpenOptions::new().read(true).write(true).open(path)?;
         let file_len = f.metadata()?.len();
@@ -101,7 +103,7 @@ impl Ring {
             }
             .into());
         }
-        let ring = Ring::map(&f, file_len as usize, h.capacity, role)?;
+        let ring = Ring::map(&f, file_len as usize, h.capacity, role, populate)?;
         let (pid_off, state_off) = match role {
             Role::Producer => (OFF_PRODUCER_PID, OFF_PRODUCER_STATE),
             Role::Consumer => (OFF_CONSUMER_PID, OFF_CONSUMER_STATE),
@@ -130,18 +132,27 @@ impl Ring {
         Ok(Some(ring))
     }
 
-    /// Maps the whole file, its pages faulted in now (`MAP_POPULATE`): otherwise the first
-    /// lap through the ring takes a page fault per 4 KiB page on each side, which on the
-    /// benchmark's first size (4 KiB all-reduce, 200 iterations: most of a 1 MiB ring's
-    /// first lap) measured 6.4-8.9 us per all-reduce against 2.0-2.4 us once warm.
-    fn map(f: &File, map_len: usize, capacity: u64, role: Role) -> io::Result<Ring> {
+    /// Maps the whole file; with `populate`, its pages are faulted in now (`MAP_POPULATE`):
+    /// otherwise the first lap through the ring takes a page fault per 4 KiB page on each
+    /// side, which on the benchmark's first size (4 KiB all-reduce, 200 iterations: most of
+    /// a 1 MiB ring's first lap) measured 6.4-8.9 us per all-reduce against 2.0-2.4 us once
+    /// warm. (The caller leaves it off when the job's rings would fill much of the file
+    /// system: pages of rings no algorithm uses would take room from the ones in use.)
+    fn map(
+        f: &File,
+        map_len: usize,
+        capacity: u64,
+        role: Role,
+        populate: bool,
+    ) -> io::Result<Ring> {
+        let populate = if populate { libc::MAP_POPULATE } else { 0 };
         // SAFETY: a fresh shared mapping of the whole file; the kernel picks the address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED | populate,
                 f.as_raw_fd(),
                 0,
             )

@@ -65,8 +65,8 @@ fn ring_exchange_order_and_sizes() {
     }
 }
 
-/// The rings are faulted in at setup (`MAP_POPULATE`): no page of a ring is first touched
-/// while a message is timed.
+/// The rings are faulted in at setup (`MAP_POPULATE`) when the file system has room: no
+/// page of a ring is first touched while a message is timed.
 #[test]
 fn rings_are_resident_before_the_first_message() {
     let ranks = world(3, 256 << 10);
@@ -78,6 +78,14 @@ fn rings_are_resident_before_the_first_message() {
             assert_eq!(resident, pages, "rank {}: pages not faulted in", t.rank());
         }
     }
+    // Too big for the room left: not faulted in (only the touched header page is resident).
+    let mut cfg = ShmConfig::new(0, 4, "x");
+    cfg.ring_bytes = 1 << 20;
+    assert!(should_populate(&cfg, Some(25 << 20))); // 12 rings of 1 MiB + 4 KiB
+    assert!(!should_populate(&cfg, Some(24 << 20)));
+    assert!(!should_populate(&cfg, None));
+    cfg.world_size = 1 << 24; // the product saturates instead of wrapping
+    assert!(!should_populate(&cfg, Some(u64::MAX)));
 }
 
 #[test]
