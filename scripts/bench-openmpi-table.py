@@ -2,7 +2,10 @@
 """Ratio table of a `scripts/bench-openmpi.sh` folder: for each run, transport and P, the
 4 KiB latency (gradwire/Open MPI in us, and Open MPI's time over ours) and the bus bandwidth
 of the larger sizes (gradwire/Open MPI in GB/s, and ours over theirs). Above 1.0x: gradwire
-better. Markdown on stdout.
+better. Rows marked "base" are an older gradwire binary of the same session (BASE= in
+bench-openmpi.sh) against the same Open MPI run. Then the transports issue's targets, checked
+on the gradwire rows: bus bandwidth at least 1.2x Open MPI's from 1 MiB up, 4 KiB latency at
+least 1.0x. Markdown on stdout.
 
   scripts/bench-openmpi-table.py docs/bench-openmpi
 """
@@ -24,32 +27,46 @@ def size(b):
 
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "."
-    rows, sizes = [], None
-    for gw in sorted(glob.glob(os.path.join(d, "gw-*-p*-r*.json"))):
-        m = re.search(r"gw-(tcp|shm)-p(\d+)-r(\d+)\.json$", gw)
-        t, p, r = m.group(1), int(m.group(2)), int(m.group(3))
-        om = os.path.join(d, f"ompi-{'tcp' if t == 'tcp' else 'vader'}-p{p}-r{r}.json")
+    rows, sizes, misses, checked = [], None, {}, set()
+    for path in sorted(glob.glob(os.path.join(d, "*-*-p*-r*.json"))):
+        m = re.search(r"/(gw|base)-(tcp|shm)-p(\d+)-r(\d+)\.json$", path)
+        if not m:
+            continue
+        who, t, p, r = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+        other = "tcp" if t == "tcp" else "vader"
+        om = os.path.join(d, f"ompi-{other}-p{p}-r{r}.json")
         if not os.path.exists(om):
             continue
-        a, b = load(gw), load(om)
+        a, b = load(path), load(om)
         sizes = sorted(set(a) & set(b))
         cells = []
         for s in sizes:
             if s <= 4096:
                 x, y = a[s]["median_us"], b[s]["median_us"]
-                cells.append(f"{x:.1f}/{y:.1f} ({y / x:.2f}x)")
+                ratio, want = y / x, 1.0
+                cells.append(f"{x:.1f}/{y:.1f} ({ratio:.2f}x)")
             else:
                 x, y = a[s]["busbw_gbps"], b[s]["busbw_gbps"]
-                cells.append(f"{x:.2f}/{y:.2f} ({x / y:.2f}x)")
-        other = "tcp" if t == "tcp" else "vader"
-        rows.append(((t, p, r), f"| {t} vs {other} P={p} r{r} | " + " | ".join(cells) + " |"))
+                ratio, want = x / y, 1.2
+                cells.append(f"{x:.2f}/{y:.2f} ({ratio:.2f}x)")
+            if who == "gw" and (s <= 4096 or s >= 1 << 20):
+                checked.add(t)
+                if ratio < want:
+                    misses.setdefault(t, []).append(f"P={p} r{r} {size(s)} {ratio:.2f}x")
+        name = f"{t} vs {other}" if who == "gw" else f"{t} (base) vs {other}"
+        rows.append(((t, p, who == "base", r), f"| {name} P={p} r{r} | " + " | ".join(cells) + " |"))
     if not rows:
         sys.exit(f"no pairs of gw-*/ompi-* JSON files in {d}")
     head = [f"{size(s)} latency (us)" if s <= 4096 else size(s) for s in sizes]
     print("| run | " + " | ".join(head) + " |")
     print("|---|" + "--:|" * len(sizes))
-    for _, line in sorted(rows, key=lambda x: (x[0][0], x[0][1], x[0][2])):
+    for _, line in sorted(rows, key=lambda x: x[0]):
         print(line)
+    print()
+    for t in sorted(checked):
+        miss = misses.get(t, [])
+        verdict = "met" if not miss else "missed in " + ", ".join(miss)
+        print(f"- {t}: targets (bandwidth >= 1.2x from 1 MiB, 4 KiB latency >= 1.0x) {verdict}")
 
 
 if __name__ == "__main__":

@@ -43,10 +43,33 @@
 //! ```
 //! Hence recursive doubling below 128 KiB (was 64 KiB: it won at 64 KiB for P = 2, 3, 4 and
 //! tied at 8), Rabenseifner up to 512 KiB on power-of-two worlds (was 1 MiB: the ring won at
-//! 1 MiB for P = 4 in every run and tied at 8), the ring above. On two ranks recursive
+//! 1 MiB for P = 4 in every run and tied at 8), the ring above (for threads; four processes
+//! are the next section's). On two ranks recursive
 //! doubling (one exchange) keeps everything below [`MEDIUM_BYTES`]. These numbers are
 //! CPU-bound (loopback moves bytes with the same cores that add them); re-measure on a real
 //! network, where the bandwidth-optimal algorithms should win earlier.
+//!
+//! ## Four ranks in four processes (2026-12-01, session 6)
+//! The table above times threads of one process. With one process per rank (as `gradwire
+//! launch` and `gradwire bench allreduce` run them), on the same 2-core VM (loaded machine:
+//! load average 6-7, another helper compiling), `examples/allreduce_procs.rs`, bus GB/s,
+//! three interleaved rounds, ring → Rabenseifner:
+//!
+//! ```text
+//!  TCP P=4  1M   1.05 → 1.61   0.94 → 1.35   0.98 → 1.49
+//!           16M  0.87 → 1.20   0.77 → 1.10   0.78 → 1.07
+//!           64M  0.80 → 1.01   0.84 → 0.99   0.79 → 0.95
+//!  shm P=4  1M   0.54 → 1.24   1.25 → 1.22        16M 0.55 → 0.52  0.47 → 0.50
+//!           64M  0.55 → 0.52   0.48 → 0.41   (a tie)
+//!  TCP P=8  1M   0.41 → 0.37   0.35 → 0.39        16M 0.27 → 0.20  0.17 → 0.28   (mixed)
+//! ```
+//! Four processes on two cores take turns on the CPU: Rabenseifner's pairwise exchanges
+//! (4 steps, two independent pairs each) need fewer hand-overs than the ring's 6 steps, in
+//! which every rank waits on its left neighbour. Open MPI 4.1's fixed decision rules
+//! (`coll_tuned_decision_fixed.c`, commutative ops, 4 to 7 ranks) also pick Rabenseifner
+//! from 8 KiB up. Hence on power-of-two worlds of at most [`RABENSEIFNER_MAX_WORLD`] ranks
+//! Rabenseifner keeps every size from [`SMALL_BYTES`] up; larger worlds keep the ring above
+//! [`MEDIUM_BYTES`] (P = 8 was mixed).
 
 use std::fmt;
 use std::str::FromStr;
@@ -56,6 +79,9 @@ use std::sync::OnceLock;
 pub const SMALL_BYTES: usize = 128 << 10;
 /// Up to this many bytes (on power-of-two worlds), all-reduce uses Rabenseifner.
 pub const MEDIUM_BYTES: usize = 512 << 10;
+/// On power-of-two worlds up to this many ranks (and more than 2: two ranks use recursive
+/// doubling, then the ring), Rabenseifner has no upper size limit (module doc).
+pub const RABENSEIFNER_MAX_WORLD: usize = 4;
 /// Broadcasts below this many bytes (or on worlds of 2 ranks) use a binomial tree; larger
 /// ones scatter and ring all-gather (van de Geijn).
 pub const BCAST_TREE_BYTES: usize = 256 << 10;
@@ -163,7 +189,9 @@ impl CollectiveConfig {
 pub fn choose(bytes: usize, world: usize) -> Algorithm {
     if bytes < SMALL_BYTES || (world <= 2 && bytes < MEDIUM_BYTES) {
         Algorithm::RecursiveDoubling
-    } else if bytes <= MEDIUM_BYTES && world.is_power_of_two() {
+    } else if world.is_power_of_two()
+        && (bytes <= MEDIUM_BYTES || (world > 2 && world <= RABENSEIFNER_MAX_WORLD))
+    {
         Algorithm::Rabenseifner
     } else {
         Algorithm::Ring
@@ -237,6 +265,12 @@ mod tests {
         assert_eq!(choose(SMALL_BYTES, 6), Algorithm::Ring);
         assert_eq!(choose(MEDIUM_BYTES + 1, 8), Algorithm::Ring);
         assert_eq!(choose(100 << 20, 2), Algorithm::Ring);
+        // Four ranks: Rabenseifner from SMALL_BYTES up, whatever the size.
+        assert_eq!(choose(SMALL_BYTES - 4, 4), Algorithm::RecursiveDoubling);
+        assert_eq!(choose(SMALL_BYTES, 4), Algorithm::Rabenseifner);
+        assert_eq!(choose(64 << 20, 4), Algorithm::Rabenseifner);
+        assert_eq!(choose(64 << 20, 8), Algorithm::Ring);
+        assert_eq!(choose(64 << 20, 3), Algorithm::Ring);
         assert_ne!(resolve(Algorithm::Ring, 4, 8), Algorithm::Auto);
     }
 

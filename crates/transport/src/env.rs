@@ -9,7 +9,9 @@
 //!
 //! The first source that names a rank wins. The master defaults to `127.0.0.1:29500`;
 //! `GRADWIRE_TOKEN` is the shared secret (empty if unset), `GRADWIRE_TIMEOUT` the deadline
-//! in seconds.
+//! in seconds, `GRADWIRE_SOCKET_BUFFER` the TCP socket buffers in bytes and
+//! `GRADWIRE_TCP_SPIN_US` how long a TCP receive spins before sleeping
+//! ([`TcpConfig::spin`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -104,6 +106,12 @@ pub fn tcp_config_from(
         cfg.socket_buffer = Some(b.trim().parse().map_err(|_| Error::Env {
             reason: format!("GRADWIRE_SOCKET_BUFFER={b} is not a byte count"),
         })?);
+    }
+    if let Some(v) = get("GRADWIRE_TCP_SPIN_US") {
+        let us: u64 = v.trim().parse().map_err(|_| Error::Env {
+            reason: format!("GRADWIRE_TCP_SPIN_US={v} is not a number of microseconds"),
+        })?;
+        cfg.spin = Duration::from_micros(us.min(10_000_000));
     }
     Ok(Some((cfg, launcher)))
 }
@@ -290,6 +298,21 @@ mod tests {
             .unwrap();
         assert_eq!((c.rank, c.world_size, l), (1, 2, Launcher::Pmi));
         assert!(cfg(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn tcp_spin_from_env() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "2")];
+        let spin = |extra: &[(&'static str, &'static str)]| {
+            let vars: Vec<_> = base.iter().chain(extra).copied().collect();
+            cfg(&vars).map(|c| c.unwrap().0.spin)
+        };
+        assert_eq!(spin(&[]).unwrap(), Duration::ZERO);
+        assert_eq!(
+            spin(&[("GRADWIRE_TCP_SPIN_US", "7")]).unwrap(),
+            Duration::from_micros(7)
+        );
+        assert!(spin(&[("GRADWIRE_TCP_SPIN_US", "soon")]).is_err());
     }
 
     #[test]

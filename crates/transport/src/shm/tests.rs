@@ -65,6 +65,29 @@ fn ring_exchange_order_and_sizes() {
     }
 }
 
+/// The rings are faulted in at setup (`MAP_POPULATE`) when the file system has room: no
+/// page of a ring is first touched while a message is timed.
+#[test]
+fn rings_are_resident_before_the_first_message() {
+    let ranks = world(3, 256 << 10);
+    for t in &ranks {
+        for ring in t.tx.iter().chain(&t.rx).flatten() {
+            let (resident, pages) = ring.resident_pages();
+            // 256 KiB of data and the header page.
+            assert_eq!(pages, 65, "rank {}", t.rank());
+            assert_eq!(resident, pages, "rank {}: pages not faulted in", t.rank());
+        }
+    }
+    // Too big for the room left: not faulted in (only the touched header page is resident).
+    let mut cfg = ShmConfig::new(0, 4, "x");
+    cfg.ring_bytes = 1 << 20;
+    assert!(should_populate(&cfg, Some(25 << 20))); // 12 rings of 1 MiB + 4 KiB
+    assert!(!should_populate(&cfg, Some(24 << 20)));
+    assert!(!should_populate(&cfg, None));
+    cfg.world_size = 1 << 24; // the product saturates instead of wrapping
+    assert!(!should_populate(&cfg, Some(u64::MAX)));
+}
+
 #[test]
 fn large_duplex_through_small_rings_does_not_deadlock() {
     // 8 MiB each way through 4 KiB rings, both ranks sending at once.

@@ -226,6 +226,13 @@ impl Tcp {
                     self.stall_error(want_in.then_some(recv_from).flatten(), out.map(|o| o.to))
                 );
             }
+            // Only a receive spins (after the deadline check, so a dead peer is still named
+            // in time): a send waiting for room is a large message, bound by the reader, not
+            // by a wake-up.
+            if !want_out && now.duration_since(last_progress) < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
             let mut fds = Vec::with_capacity(2);
             if want_out {
                 let to = out.expect("sending").to;
