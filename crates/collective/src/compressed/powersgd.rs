@@ -530,8 +530,7 @@ mod tests {
                         assert!(no_error, "P={world} rank {rank} step {s}: error kept");
                         let gs: Vec<Vec<f32>> = (0..world).map(|i| grad(i, s, len)).collect();
                         for (k, x) in g.iter().enumerate() {
-                            let mean =
-                                gs.iter().map(|g| g[k] as f64).sum::<f64>() / world as f64;
+                            let mean = gs.iter().map(|g| g[k] as f64).sum::<f64>() / world as f64;
                             assert!((*x as f64 - mean).abs() < 1e-5, "P={world} step {s}");
                         }
                     } else {

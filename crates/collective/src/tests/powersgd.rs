@@ -36,8 +36,8 @@ fn reference(world: usize, steps: usize, r: usize, seed: u64) -> Vec<Vec<f64>> {
     let mut mats = Vec::new();
     let mut at = 0;
     for t in &ts {
-        let linear = t.shape.len() == 2
-            && matches!(t.role, TensorRole::LinearWeight | TensorRole::Output);
+        let linear =
+            t.shape.len() == 2 && matches!(t.role, TensorRole::LinearWeight | TensorRole::Output);
         let (rows, cols) = if linear {
             (t.shape[1], t.shape[0])
         } else {
@@ -72,7 +72,13 @@ fn reference(world: usize, steps: usize, r: usize, seed: u64) -> Vec<Vec<f64>> {
         let mut out = vec![0f64; len];
         for (ti, &(s, rows, cols, low, linear)) in mats.iter().enumerate() {
             // Where element (a, b) of the matrix is stored.
-            let at = |a: usize, b: usize| if linear { s + b * rows + a } else { s + a * cols + b };
+            let at = |a: usize, b: usize| {
+                if linear {
+                    s + b * rows + a
+                } else {
+                    s + a * cols + b
+                }
+            };
             let el = |m: &Vec<f64>, a: usize, b: usize| m[at(a, b)];
             if !low {
                 for k in 0..rows * cols {
