@@ -15,9 +15,13 @@
 //! all-reduces `P` (sum, then orthogonalize) and then `Q`: two collectives per step, not a
 //! plain encode/decode, so it lives in `gradwire_collective::compressed::PowerSgdAllReduce`,
 //! which reads this config (rank, warm start, error feedback) and the tensors' shapes; callers
-//! must route `variant=paper` there. This codec is the other one, `variant=local` (the
-//! "gather variant"): it sends this rank's own rank-`r` approximation, and `decode_add` of
-//! every rank's payload sums those (rank up to `r * world_size`), for gather-decode. Deviation
+//! must route `variant=paper` there. Two options of PyTorch's `powerSGD_hook`, not the
+//! paper's, apply to `variant=paper` only: `start=N` (plain all-reduces for the first `N`
+//! steps, PyTorch's `start_powerSGD_iter`) and `min_rate=X` (compress only matrices that
+//! shrink at least `X` times, PyTorch's `min_compression_rate`); see [`PowerSgdConfig`].
+//! This codec is the other one, `variant=local` (the "gather variant"): it sends this rank's
+//! own rank-`r` approximation, and `decode_add` of every rank's payload sums those (rank up
+//! to `r * world_size`), for gather-decode. Deviation
 //! of the local variant: the paper's error feedback and warm start are per rank here, and the
 //! aggregate is not the paper's.
 //!
