@@ -191,8 +191,8 @@ fn dgc_sends_one_dimensional_tensors_dense() {
 
 /// The reference code's split (synxlin/deep-gradient-compression `train.py`: only
 /// parameters with `dim() > 1` are registered with the compressor; `DGCCompressor` sends
-/// `ceil(numel * ratio)` of each, one element for tensors of at most `2 / ratio` elements,
-/// whatever their size), on `gradwire train --model lenet` (burn's shapes) at the paper's
+/// `ceil(numel * ratio)` of each whatever its size: one element for tensors of at most
+/// `1 / ratio` elements), on `gradwire train --model lenet` (burn's shapes) at the paper's
 /// 0.1%: the counts per tensor are worked out by hand from that rule.
 #[test]
 fn dgc_split_follows_the_reference_rule_at_0_1_percent() {
