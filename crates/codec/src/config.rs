@@ -234,6 +234,7 @@ impl CodecConfig {
             "signsgd",
             "powersgd:rank=2",
             "powersgd:rank=1,variant=local",
+            "powersgd:rank=2,start=2,min_rate=2",
             // ---- sparse codecs ----
             "topk",
             "topk:ratio=0.05,select=exact,scope=tensor,values=fp16,ef=false",

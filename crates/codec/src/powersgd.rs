@@ -15,9 +15,13 @@
 //! all-reduces `P` (sum, then orthogonalize) and then `Q`: two collectives per step, not a
 //! plain encode/decode, so it lives in `gradwire_collective::compressed::PowerSgdAllReduce`,
 //! which reads this config (rank, warm start, error feedback) and the tensors' shapes; callers
-//! must route `variant=paper` there. This codec is the other one, `variant=local` (the
-//! "gather variant"): it sends this rank's own rank-`r` approximation, and `decode_add` of
-//! every rank's payload sums those (rank up to `r * world_size`), for gather-decode. Deviation
+//! must route `variant=paper` there. Two options of PyTorch's `powerSGD_hook`, not the
+//! paper's, apply to `variant=paper` only: `start=N` (plain all-reduces for the first `N`
+//! steps, PyTorch's `start_powerSGD_iter`) and `min_rate=X` (compress only matrices that
+//! shrink at least `X` times, PyTorch's `min_compression_rate`); see [`PowerSgdConfig`].
+//! This codec is the other one, `variant=local` (the "gather variant"): it sends this rank's
+//! own rank-`r` approximation, and `decode_add` of every rank's payload sums those (rank up
+//! to `r * world_size`), for gather-decode. Deviation
 //! of the local variant: the paper's error feedback and warm start are per rank here, and the
 //! aggregate is not the paper's.
 //!
@@ -40,7 +44,7 @@ use crate::{
 };
 
 /// Parameters of PowerSGD.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PowerSgdConfig {
     /// Approximation rank `r`.
     pub rank: usize,
@@ -51,6 +55,15 @@ pub struct PowerSgdConfig {
     /// `variant=local`: the gather variant (this codec through gather-decode) instead of the
     /// published two all-reduces (`variant=paper`, default).
     pub local: bool,
+    /// `start=N`: plain fp32 all-reduces for the first `N` steps, compression from step `N`
+    /// on (PyTorch's `start_powerSGD_iter`, 1000 there; the paper compresses from the first
+    /// step: default 0). `variant=paper` only.
+    pub start: usize,
+    /// `min_rate=X`: compress a `rows x cols` matrix only when
+    /// `(rows + cols) r X < rows cols` (PyTorch's `min_compression_rate`, 2 there). Default
+    /// 1: every matrix that rank `r` shrinks (the paper's code compresses every matrix, even
+    /// one that grows). `variant=paper` only.
+    pub min_rate: f64,
 }
 
 impl Default for PowerSgdConfig {
@@ -60,19 +73,41 @@ impl Default for PowerSgdConfig {
             warm: true,
             ef: true,
             local: false,
+            start: 0,
+            min_rate: 1.0,
         }
     }
 }
 
 impl PowerSgdConfig {
-    /// Reads `rank=`, `warm=`, `ef=` and `variant=paper|local`.
+    /// Reads `rank=`, `warm=`, `ef=`, `variant=paper|local`, `start=` and `min_rate=`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
-        Ok(PowerSgdConfig {
+        let c = PowerSgdConfig {
             rank: p.usize_in("rank", Some(4), 1, 256)?,
             warm: p.bool("warm", true)?,
             ef: p.bool("ef", true)?,
             local: p.choice("variant", "paper", &["paper", "local"])? == "local",
-        })
+            start: p.usize_in("start", Some(0), 0, u32::MAX as usize)?,
+            min_rate: p.f64_in("min_rate", Some(1.0), 1.0, 1e6)?,
+        };
+        if c.local && (c.start != 0 || c.min_rate != 1.0) {
+            return Err(ConfigError::BadValue {
+                codec: "powersgd".into(),
+                param: "variant".into(),
+                value: "local".into(),
+                reason: "start= and min_rate= belong to variant=paper".into(),
+            });
+        }
+        Ok(c)
+    }
+
+    /// Whether a `rows x cols` matrix is compressed at rank `r` (`(rows + cols) r min_rate
+    /// < rows cols`, PyTorch's `_should_compress`).
+    pub fn compresses(&self, rows: usize, cols: usize) -> bool {
+        let r = self.rank.max(1);
+        (rows + cols)
+            .checked_mul(r)
+            .is_some_and(|x| (x as f64) * self.min_rate < rows as f64 * cols as f64)
     }
 
     /// The runtime codec.
@@ -89,7 +124,15 @@ impl fmt::Display for PowerSgdConfig {
             f,
             "rank={},warm={},ef={},variant={variant}",
             self.rank, self.warm, self.ef
-        )
+        )?;
+        // Written only when set, so earlier runs' records keep their spec.
+        if self.start != 0 {
+            write!(f, ",start={}", self.start)?;
+        }
+        if self.min_rate != 1.0 {
+            write!(f, ",min_rate={}", self.min_rate)?;
+        }
+        Ok(())
     }
 }
 

@@ -189,6 +189,57 @@ fn dgc_sends_one_dimensional_tensors_dense() {
     assert!(s.indices.len() >= dense_small);
 }
 
+/// The reference code's split (synxlin/deep-gradient-compression `train.py`: only
+/// parameters with `dim() > 1` are registered with the compressor; `DGCCompressor` sends
+/// `ceil(numel * ratio)` of each whatever its size: one element for tensors of at most
+/// `1 / ratio` elements), on `gradwire train --model lenet` (burn's shapes) at the paper's
+/// 0.1%: the counts per tensor are worked out by hand from that rule.
+#[test]
+fn dgc_split_follows_the_reference_rule_at_0_1_percent() {
+    use TensorRole::*;
+    let ts = vec![
+        TensorInfo::new([6, 1, 5, 5], ConvWeight), // 150: ceil(0.15) = 1
+        TensorInfo::new([6], Bias),                // 1-D: all 6
+        TensorInfo::new([16, 6, 5, 5], ConvWeight), // 2400: ceil(2.4) = 3
+        TensorInfo::new([16], Bias),
+        TensorInfo::new([400, 120], LinearWeight), // 48000: 48
+        TensorInfo::new([120], Bias),
+        TensorInfo::new([120, 84], LinearWeight), // 10080: ceil(10.08) = 11
+        TensorInfo::new([84], Bias),
+        TensorInfo::new([84, 10], Output), // 840: ceil(0.84) = 1
+        TensorInfo::new([10], Output),
+    ];
+    let want = [1, 6, 3, 16, 48, 120, 11, 84, 1, 10];
+    let n: usize = ts.iter().map(TensorInfo::numel).sum();
+    assert_eq!(n, 61_706);
+    // The default spec after its warm-up epochs, and with the warm-up off.
+    for (spec, epoch) in [("dgc", 4.0), ("dgc:warmup_epochs=0", 0.0)] {
+        let cfg: CodecConfig = spec.parse().unwrap();
+        let mut c = cfg.build(&BuildContext::new(3, 1, 4, Vec::new()).with_tensors(ts.clone()));
+        c.set_progress(gradwire_codec::Progress {
+            epoch,
+            ..Default::default()
+        });
+        let mut s = SparseGrad::default();
+        for step in 0..3 {
+            assert!(c.encode_sparse(&grad(n, 11 + step), &mut s));
+            let mut at = 0;
+            let got: Vec<usize> = ts
+                .iter()
+                .map(|t| {
+                    let r = at..at + t.numel();
+                    at = r.end;
+                    s.indices
+                        .iter()
+                        .filter(|&&i| r.contains(&(i as usize)))
+                        .count()
+                })
+                .collect();
+            assert_eq!(got, want, "{spec} step {step}");
+        }
+    }
+}
+
 #[test]
 fn qsgd_buckets_never_straddle_tensors() {
     // A tensor of large values then one of tiny values, each shorter than a bucket.

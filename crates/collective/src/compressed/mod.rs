@@ -28,7 +28,7 @@ mod sparse_wire;
 mod stripe;
 
 pub use gather_decode::GatherDecode;
-pub use powersgd::{initial_q, orthogonalize, PowerSgdAllReduce, PowerSgdTensor};
+pub use powersgd::{factor_algorithm, initial_q, orthogonalize, PowerSgdAllReduce, PowerSgdTensor};
 pub use quantized::{Leg, QuantizedAllReduce};
 pub use sparse::{SparseAllReduce, DENSE_FRACTION};
 #[doc(hidden)]

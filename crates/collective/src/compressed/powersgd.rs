@@ -2,7 +2,9 @@
 //! PyTorch's `powerSGD_hook` runs it: two all-reduces per step.
 //!
 //! ```text
-//! per rank i, per matrix tensor (viewed as [d0, d1*d2*..], PyTorch's view(shape[0], -1)):
+//! per rank i, per matrix tensor (viewed as PyTorch's view(shape[0], -1) of its tensor:
+//! a conv kernel [c_out, c_in*kh*kw]; a Linear weight [out, in], i.e. burn's [in, out]
+//! transposed, the roles LinearWeight and 2-D Output):
 //!   M_i = grad_i + e_i                       error feedback (ef=true, the default)
 //!   P_i = M_i Q                              Q: the same on every rank
 //!   P   = all-reduce-sum(P_i)                ── all-reduce 1 (with the dense tensors) ──
@@ -12,8 +14,9 @@
 //!   out = P^ Q^T  (times P with Reduce::Sum)
 //!   e_i = M_i - P^ Q^T                       what this rank's gradient lost
 //!   Q is kept for the next step (warm start, warm=true)
-//! 1-D tensors (biases), and matrices that rank r does not shrink ((d0 + d1) r >= d0 d1, the
-//! hook's `_should_compress` at compression rate 1), travel uncompressed in all-reduce 1.
+//! 1-D tensors (biases), and matrices that rank r does not shrink enough
+//! ((d0 + d1) r min_rate >= d0 d1, the hook's `_should_compress`; min_rate 1 by default),
+//! travel uncompressed in all-reduce 1.
 //! ```
 //! `P` is summed (as the hook does; its scale does not survive orthogonalization) and `Q`
 //! averaged, so the output is the mean's rank-`r` approximation, `P` times it with
@@ -27,12 +30,29 @@
 //! with `m` the largest divisor of its length not above its square root (the local codec's
 //! rule), and 1-D-ness cannot be told: the byte rule alone decides.
 //!
-//! Bytes per step and rank: the ring all-reduces of `sum (d0 + d1) r` floats plus the dense
-//! tensors, instead of all the gradient's floats.
+//! Bytes per step and rank: `2 (P-1)/P` times `4 (sum (d0 + d1) r + dense)` bytes, the
+//! volume of a ring all-reduce of the factors and the dense tensors ([`factor_algorithm`]:
+//! Rabenseifner on power-of-two worlds, the ring otherwise; never recursive doubling, which
+//! sends `log2 P` times the buffer), instead of all the gradient's floats. An empty buffer
+//! (no matrix, or no dense tensor) is not exchanged.
+//!
+//! Options beyond the paper, both PyTorch's (`PowerSGDState`), both off by default:
+//! `start=N` runs a plain all-reduce (fp32, no error kept, `Q` untouched) for the first `N`
+//! steps (`start_powerSGD_iter`, 1000 in PyTorch, which refuses fewer than 2 with error
+//! feedback or warm start); `min_rate=X` compresses a matrix only when
+//! `(d0 + d1) r X < d0 d1` (`min_compression_rate`, 2 in PyTorch; default 1 here).
+//!
+//! Compared with PyTorch's `powerSGD_hook` (2.x), the same algorithm up to rounding: the hook
+//! also orthogonalizes `Q` before `P = M Q` (this changes neither span(`P`) nor its
+//! Gram-Schmidt basis: `Q R^-1` for an upper-triangular `R`) and uses `epsilon = 0` by
+//! default (1e-8 here, as the paper's code); it keeps an error for the 1-D tensors too (this
+//! rank's value minus the mean, whose mean over ranks is zero: the averaged result is
+//! unchanged); it all-reduces one bucket (the dense tensors, all `P`s, all `Q`s: three
+//! collectives) where the engine calls this once per tensor.
 
 use std::ops::Range;
 
-use gradwire_codec::{segments, BuildContext, PowerSgdConfig};
+use gradwire_codec::{segments, BuildContext, PowerSgdConfig, TensorRole};
 use gradwire_transport::Transport;
 
 use super::Reduce;
@@ -45,10 +65,13 @@ pub enum PowerSgdTensor {
     LowRank {
         /// The tensor's elements in the flat gradient.
         range: Range<usize>,
-        /// `d0`.
+        /// `d0` (a Linear weight's `out`).
         rows: usize,
-        /// `d1 * d2 * ..`.
+        /// `d1 * d2 * ..` (a Linear weight's `in`).
         cols: usize,
+        /// Stored transposed, `cols x rows` row-major: burn's Linear weight `[in, out]`,
+        /// viewed as PyTorch's `[out, in]`.
+        transposed: bool,
     },
     /// Sent uncompressed.
     Dense {
@@ -94,6 +117,19 @@ pub fn orthogonalize(p: &mut [f32], rows: usize, r: usize) {
     }
 }
 
+/// The algorithm of both factor all-reduces on `world` ranks: the bandwidth-optimal volume
+/// `2 (P-1)/P` of the floats whatever their size (Rabenseifner on power-of-two worlds, in
+/// `2 log2 P` steps; the ring otherwise), as the paper's NCCL / gloo ring all-reduce sends.
+/// Recursive doubling, which size-based selection would pick for these small buffers, sends
+/// `log2 P` times the buffer.
+pub fn factor_algorithm(world: usize) -> Algorithm {
+    if world.is_power_of_two() {
+        Algorithm::Rabenseifner
+    } else {
+        Algorithm::Ring
+    }
+}
+
 /// PowerSGD's compressed all-reduce for a gradient of one length on one world, with its
 /// state: the warm-start `Q`s (identical on every rank) and this rank's error.
 pub struct PowerSgdAllReduce {
@@ -105,6 +141,8 @@ pub struct PowerSgdAllReduce {
     q: Vec<Vec<f32>>,
     error: Vec<f32>,
     m: Vec<f32>,
+    /// Every low-rank tensor's `M` as a row-major `rows x cols` matrix.
+    view: Vec<f32>,
     buf1: Vec<f32>,
     buf2: Vec<f32>,
     step: u64,
@@ -115,11 +153,7 @@ impl PowerSgdAllReduce {
     /// The exchange for a gradient of `len` elements whose tensors `ctx` describes.
     pub fn new(cfg: &PowerSgdConfig, ctx: &BuildContext, len: usize) -> Self {
         let r = cfg.rank.max(1);
-        let shrinks = |rows: usize, cols: usize| {
-            (rows + cols)
-                .checked_mul(r)
-                .is_some_and(|x| x < rows.saturating_mul(cols))
-        };
+        let shrinks = |rows: usize, cols: usize| cfg.compresses(rows, cols);
         let mut tensors = Vec::new();
         match ctx.tensors_for(len) {
             Some(ts) => {
@@ -127,9 +161,21 @@ impl PowerSgdAllReduce {
                 for t in ts {
                     let range = at..at + t.numel();
                     at = range.end;
-                    let (rows, cols) = (t.shape.first().copied().unwrap_or(1), t.column_len());
+                    let (mut rows, mut cols) =
+                        (t.shape.first().copied().unwrap_or(1), t.column_len());
+                    // burn's Linear weights (and the output layer's) are `[in, out]`.
+                    let transposed = t.shape.len() == 2
+                        && matches!(t.role, TensorRole::LinearWeight | TensorRole::Output);
+                    if transposed {
+                        (rows, cols) = (cols, rows);
+                    }
                     tensors.push(if t.is_matrix() && shrinks(rows, cols) {
-                        PowerSgdTensor::LowRank { range, rows, cols }
+                        PowerSgdTensor::LowRank {
+                            range,
+                            rows,
+                            cols,
+                            transposed,
+                        }
                     } else {
                         PowerSgdTensor::Dense { range }
                     });
@@ -147,6 +193,7 @@ impl PowerSgdAllReduce {
                             range,
                             rows: n / m,
                             cols: m,
+                            transposed: false,
                         }
                     } else {
                         PowerSgdTensor::Dense { range }
@@ -173,6 +220,7 @@ impl PowerSgdAllReduce {
             q,
             error: Vec::new(),
             m: Vec::new(),
+            view: Vec::new(),
             buf1: Vec::new(),
             buf2: Vec::new(),
             step: 0,
@@ -211,6 +259,15 @@ impl PowerSgdAllReduce {
         let (r, world) = (self.cfg.rank, t.world_size());
         let seg = crate::select::segment_bytes();
         let before = t.bytes_sent();
+        if self.step < self.cfg.start as u64 {
+            // Warm-up (`start=N`): a plain all-reduce, no error, `Q` untouched.
+            crate::all_reduce(t, grad, ReduceOp::Sum, Algorithm::Auto, seg)?;
+            reduce.finish(grad, world);
+            self.step += 1;
+            self.bytes += t.bytes_sent() - before;
+            return Ok(());
+        }
+        let algo = factor_algorithm(world);
         // M = grad + e.
         self.m.clear();
         self.m.extend_from_slice(grad);
@@ -228,12 +285,33 @@ impl PowerSgdAllReduce {
                 }
             }
         }
+        // Every matrix M_i, row-major (a transposed one copied into its view).
+        self.view.clear();
+        for tn in &self.tensors {
+            if let PowerSgdTensor::LowRank {
+                range,
+                rows,
+                transposed,
+                ..
+            } = tn
+            {
+                let m = &self.m[range.clone()];
+                if *transposed {
+                    for i in 0..*rows {
+                        self.view.extend(m.iter().skip(i).step_by(*rows));
+                    }
+                } else {
+                    self.view.extend_from_slice(m);
+                }
+            }
+        }
         // All-reduce 1: every P_i = M_i Q, then the dense tensors.
         self.buf1.clear();
-        let mut k = 0;
+        let (mut k, mut vat) = (0, 0);
         for tn in &self.tensors {
-            if let PowerSgdTensor::LowRank { range, rows, cols } = tn {
-                let m = &self.m[range.clone()];
+            if let PowerSgdTensor::LowRank { rows, cols, .. } = tn {
+                let m = &self.view[vat..vat + rows * cols];
+                vat += rows * cols;
                 let q = &self.q[k];
                 for i in 0..*rows {
                     let row = &m[i * cols..(i + 1) * cols];
@@ -250,15 +328,18 @@ impl PowerSgdAllReduce {
                 self.buf1.extend_from_slice(&self.m[range.clone()]);
             }
         }
-        crate::all_reduce(t, &mut self.buf1, ReduceOp::Sum, Algorithm::Auto, seg)?;
+        if !self.buf1.is_empty() {
+            crate::all_reduce(t, &mut self.buf1, ReduceOp::Sum, algo, seg)?;
+        }
         // Orthogonalize each P; all-reduce 2: every Q_i = M_i^T P^.
         self.buf2.clear();
-        let mut at = 0;
+        let (mut at, mut vat) = (0, 0);
         for tn in &self.tensors {
-            if let PowerSgdTensor::LowRank { range, rows, cols } = tn {
+            if let PowerSgdTensor::LowRank { rows, cols, .. } = tn {
                 let p = &mut self.buf1[at..at + rows * r];
                 orthogonalize(p, *rows, r);
-                let m = &self.m[range.clone()];
+                let m = &self.view[vat..vat + rows * cols];
+                vat += rows * cols;
                 let q0 = self.buf2.len();
                 self.buf2.resize(q0 + cols * r, 0.0);
                 let q = &mut self.buf2[q0..];
@@ -274,7 +355,9 @@ impl PowerSgdAllReduce {
                 at += rows * r;
             }
         }
-        crate::all_reduce(t, &mut self.buf2, ReduceOp::Sum, Algorithm::Auto, seg)?;
+        if !self.buf2.is_empty() {
+            crate::all_reduce(t, &mut self.buf2, ReduceOp::Sum, algo, seg)?;
+        }
         let inv = 1.0 / world as f32;
         self.buf2.iter_mut().for_each(|v| *v *= inv);
         // out = P^ Q^T (the mean), e = M - out; dense tensors: the all-reduced values.
@@ -287,13 +370,20 @@ impl PowerSgdAllReduce {
         let mut dat = at;
         for tn in &self.tensors {
             match tn {
-                PowerSgdTensor::LowRank { range, rows, cols } => {
+                PowerSgdTensor::LowRank {
+                    range,
+                    rows,
+                    cols,
+                    transposed,
+                } => {
                     let p = &self.buf1[pat..pat + rows * r];
                     let q = &self.buf2[qat..qat + cols * r];
                     let out = &mut grad[range.clone()];
+                    // Element (i, j) of the view, at its place in storage.
+                    let (si, sj) = if *transposed { (1, *rows) } else { (*cols, 1) };
                     for i in 0..*rows {
                         for j in 0..*cols {
-                            out[i * cols + j] =
+                            out[i * si + j * sj] =
                                 (0..r).map(|c| p[i * r + c] * q[j * r + c]).sum::<f32>();
                         }
                     }
@@ -330,5 +420,149 @@ impl PowerSgdAllReduce {
         self.step += 1;
         self.bytes += t.bytes_sent() - before;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The options beyond the paper and the bytes on the wire. (The paper's algorithm itself
+    //! is checked against a naive f64 reference in `crate::tests::powersgd`.)
+
+    use gradwire_codec::{BuildContext, PowerSgdConfig, TensorInfo, TensorRole};
+    use rand::{Rng, SeedableRng};
+
+    use super::{PowerSgdAllReduce, PowerSgdTensor};
+    use crate::compressed::Reduce;
+    use crate::tests::{local_world, run_world, tcp_world};
+
+    /// LeNet-5's parameters, as `gradwire train --model lenet` lists them.
+    fn lenet() -> Vec<TensorInfo> {
+        use TensorRole::*;
+        vec![
+            TensorInfo::new([6, 1, 5, 5], ConvWeight),
+            TensorInfo::new([6], Bias),
+            TensorInfo::new([16, 6, 5, 5], ConvWeight),
+            TensorInfo::new([16], Bias),
+            TensorInfo::new([120, 400], LinearWeight),
+            TensorInfo::new([120], Bias),
+            TensorInfo::new([84, 120], LinearWeight),
+            TensorInfo::new([84], Bias),
+            TensorInfo::new([10, 84], Output),
+            TensorInfo::new([10], Bias),
+        ]
+    }
+
+    fn grad(rank: usize, step: usize, len: usize) -> Vec<f32> {
+        let mut g = rand::rngs::StdRng::seed_from_u64((rank * 131 + step) as u64);
+        (0..len).map(|_| g.gen_range(-1.0f32..1.0)).collect()
+    }
+
+    fn cfg(spec: &str) -> PowerSgdConfig {
+        match spec.parse() {
+            Ok(gradwire_codec::CodecConfig::PowerSgd(c)) => c,
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+
+    /// Per step, the sum over ranks of the payload bytes is that of a ring all-reduce of
+    /// PyTorch's hook buffers: `2 (P-1) * 4 * floats`, with LeNet's floats at rank 2 counted
+    /// by hand: biases 6+16+120+84+10 = 236, `P`s (6+16+120+84+10)*2 = 472, `Q`s
+    /// (25+150+400+120+84)*2 = 1558; 2266 in all (13,596 B per rank per step on 4 ranks).
+    #[test]
+    fn factor_bytes_are_a_ring_all_reduce_of_the_hooks_buffers() {
+        const FLOATS: u64 = 236 + 472 + 1558;
+        let len: usize = lenet().iter().map(TensorInfo::numel).sum();
+        for (world, factory) in [
+            (4, local_world as fn(usize) -> _),
+            (3, local_world),
+            (2, tcp_world),
+        ] {
+            let got = run_world(factory(world), |t| {
+                let ctx = BuildContext::new(5, t.rank(), world, Vec::new()).with_tensors(lenet());
+                let mut a = PowerSgdAllReduce::new(&cfg("powersgd:rank=2"), &ctx, len);
+                let mut per_step = Vec::new();
+                for s in 0..3 {
+                    let before = a.bytes_sent();
+                    let mut g = grad(t.rank(), s, len);
+                    a.all_reduce(t, &mut g, Reduce::Mean).unwrap();
+                    per_step.push(a.bytes_sent() - before);
+                }
+                per_step
+            });
+            for s in 0..3 {
+                let total: u64 = got.iter().map(|r| r[s]).sum();
+                assert_eq!(
+                    total,
+                    2 * (world as u64 - 1) * 4 * FLOATS,
+                    "P={world} step {s}: {got:?}"
+                );
+            }
+        }
+    }
+
+    /// `start=N`: the first `N` steps are the exact mean (no error kept), and from step `N`
+    /// on the outputs are those of `start=0` fed the same later gradients.
+    #[test]
+    fn start_runs_plain_all_reduces_then_compresses_from_a_clean_state() {
+        let ts = lenet();
+        let len: usize = ts.iter().map(TensorInfo::numel).sum();
+        let (start, steps) = (2, 5);
+        for world in [1, 3, 4] {
+            let got = run_world(local_world(world), |t| {
+                let ctx = BuildContext::new(9, t.rank(), world, Vec::new()).with_tensors(lenet());
+                let mut warm = PowerSgdAllReduce::new(&cfg("powersgd:rank=2,start=2"), &ctx, len);
+                let mut cold = PowerSgdAllReduce::new(&cfg("powersgd:rank=2"), &ctx, len);
+                let mut outs = Vec::new();
+                for s in 0..steps {
+                    let mut g = grad(t.rank(), s, len);
+                    warm.all_reduce(t, &mut g, Reduce::Mean).unwrap();
+                    let mut c = grad(t.rank(), s, len);
+                    if s >= start {
+                        cold.all_reduce(t, &mut c, Reduce::Mean).unwrap();
+                    }
+                    outs.push((g, c, warm.error().is_empty()));
+                }
+                outs
+            });
+            for (rank, outs) in got.iter().enumerate() {
+                for (s, (g, c, no_error)) in outs.iter().enumerate() {
+                    if s < start {
+                        assert!(no_error, "P={world} rank {rank} step {s}: error kept");
+                        let gs: Vec<Vec<f32>> = (0..world).map(|i| grad(i, s, len)).collect();
+                        for (k, x) in g.iter().enumerate() {
+                            let mean = gs.iter().map(|g| g[k] as f64).sum::<f64>() / world as f64;
+                            assert!((*x as f64 - mean).abs() < 1e-5, "P={world} step {s}");
+                        }
+                    } else {
+                        assert_eq!(g, c, "P={world} rank {rank} step {s}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `min_rate=X` keeps a matrix dense unless `(rows + cols) r X < rows cols`; 1-D tensors
+    /// are dense whatever the rate.
+    #[test]
+    fn min_rate_decides_which_matrices_are_compressed() {
+        use TensorRole::*;
+        let ts = vec![
+            TensorInfo::new([16, 16], LinearWeight), // r=4: 128 < 256, 256 = 256
+            TensorInfo::new([64, 64], LinearWeight), // r=4: 512 X < 4096 while X < 8
+            TensorInfo::new([300], Bias),
+        ];
+        let len: usize = ts.iter().map(TensorInfo::numel).sum();
+        let ctx = BuildContext::new(1, 0, 1, Vec::new()).with_tensors(ts);
+        let kinds = |spec: &str| -> Vec<bool> {
+            PowerSgdAllReduce::new(&cfg(spec), &ctx, len)
+                .tensors()
+                .iter()
+                .map(|k| matches!(k, PowerSgdTensor::LowRank { .. }))
+                .collect()
+        };
+        assert_eq!(kinds("powersgd:rank=4"), [true, true, false]);
+        assert_eq!(kinds("powersgd:rank=4,min_rate=2"), [false, true, false]);
+        assert_eq!(kinds("powersgd:rank=4,min_rate=7.5"), [false, true, false]);
+        assert_eq!(kinds("powersgd:rank=4,min_rate=8"), [false, false, false]);
     }
 }

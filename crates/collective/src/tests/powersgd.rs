@@ -1,7 +1,8 @@
 //! PowerSGD's two all-reduces against a naive reference of the paper's Algorithms 1 and 2
 //! written here in f64: `P = sum_i M_i Q`, Gram-Schmidt, `Q = mean_i M_i^T P^`, out `P^ Q^T`,
-//! `e_i = M_i - out`, `Q` kept. Matrix shapes come from the tensors' shapes: a conv weight
-//! `[c_out, c_in, kh, kw]` is the `c_out x c_in*kh*kw` matrix, as PyTorch views it.
+//! `e_i = M_i - out`, `Q` kept. Matrix shapes come from the tensors' shapes, as PyTorch views
+//! them: a conv weight `[c_out, c_in, kh, kw]` is the `c_out x c_in*kh*kw` matrix, a Linear
+//! weight (burn's `[in, out]`, row-major) the `out x in` matrix.
 
 use gradwire_codec::{BuildContext, PowerSgdConfig, TensorInfo, TensorRole};
 use rand::{Rng, SeedableRng};
@@ -31,20 +32,25 @@ fn grad(rank: usize, step: usize, len: usize) -> Vec<f32> {
 fn reference(world: usize, steps: usize, r: usize, seed: u64) -> Vec<Vec<f64>> {
     let ts = model();
     let len: usize = ts.iter().map(TensorInfo::numel).sum();
-    // (start, rows, cols, compressed)
+    // (start, rows, cols, compressed, stored as [cols, rows])
     let mut mats = Vec::new();
     let mut at = 0;
     for t in &ts {
-        let rows = t.shape[0];
-        let cols = t.numel() / rows;
+        let linear =
+            t.shape.len() == 2 && matches!(t.role, TensorRole::LinearWeight | TensorRole::Output);
+        let (rows, cols) = if linear {
+            (t.shape[1], t.shape[0])
+        } else {
+            (t.shape[0], t.numel() / t.shape[0])
+        };
         let low = t.shape.len() > 1 && (rows + cols) * r < rows * cols;
-        mats.push((at, rows, cols, low));
+        mats.push((at, rows, cols, low, linear));
         at += t.numel();
     }
     let mut qs: Vec<Vec<f64>> = mats
         .iter()
         .enumerate()
-        .map(|(i, &(_, _, cols, _))| {
+        .map(|(i, &(_, _, cols, _, _))| {
             initial_q(seed, i, 0, cols, r)
                 .iter()
                 .map(|&v| v as f64)
@@ -64,8 +70,16 @@ fn reference(world: usize, steps: usize, r: usize, seed: u64) -> Vec<Vec<f64>> {
             })
             .collect();
         let mut out = vec![0f64; len];
-        for (ti, &(s, rows, cols, low)) in mats.iter().enumerate() {
-            let el = |m: &Vec<f64>, a: usize, b: usize| m[s + a * cols + b];
+        for (ti, &(s, rows, cols, low, linear)) in mats.iter().enumerate() {
+            // Where element (a, b) of the matrix is stored.
+            let at = |a: usize, b: usize| {
+                if linear {
+                    s + b * rows + a
+                } else {
+                    s + a * cols + b
+                }
+            };
+            let el = |m: &Vec<f64>, a: usize, b: usize| m[at(a, b)];
             if !low {
                 for k in 0..rows * cols {
                     out[s + k] = ms.iter().map(|m| m[s + k]).sum::<f64>() / world as f64;
@@ -110,7 +124,7 @@ fn reference(world: usize, steps: usize, r: usize, seed: u64) -> Vec<Vec<f64>> {
             }
             for a in 0..rows {
                 for b in 0..cols {
-                    out[s + a * cols + b] = (0..r).map(|c| p[a][c] * qn[b * r + c]).sum();
+                    out[at(a, b)] = (0..r).map(|c| p[a][c] * qn[b * r + c]).sum();
                 }
             }
             qs[ti] = qn;
