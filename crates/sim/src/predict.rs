@@ -25,7 +25,6 @@
 //! one-worker step time without any communication over the `P`-worker step time.
 //! Speedup is the dense step time over the codec's step time at the same `P` and link.
 
-use gradwire_collective::Algorithm;
 use gradwire_engine::Strategy;
 
 use crate::collective::{allreduce, canonical_allreduce, ring_allgather};
@@ -242,7 +241,11 @@ pub fn step(
             model
                 .tensors
                 .iter()
-                .map(|&t| 2.0 * allreduce(net, w * t as f64 / 2.0, p, Algorithm::Auto))
+                .map(|&t| {
+                    // The factors go by the ring's volume (`factor_algorithm`), whatever size.
+                    let algo = gradwire_collective::compressed::factor_algorithm(p);
+                    2.0 * allreduce(net, w * t as f64 / 2.0, p, algo)
+                })
                 .sum(),
         ),
         s @ (Strategy::Auto | Strategy::Quantized) => return Err(Error::Strategy(s)),
