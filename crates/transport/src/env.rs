@@ -307,7 +307,13 @@ mod tests {
             let vars: Vec<_> = base.iter().chain(extra).copied().collect();
             cfg(&vars).map(|c| c.unwrap().0.spin)
         };
-        assert_eq!(spin(&[]).unwrap(), Duration::ZERO);
+        // Unset: the config's default for two ranks on this machine's cores.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(spin(&[]).unwrap(), crate::tcp::default_spin(2, cores));
+        assert_eq!(
+            spin(&[("GRADWIRE_TCP_SPIN_US", "0")]).unwrap(),
+            Duration::ZERO
+        );
         assert_eq!(
             spin(&[("GRADWIRE_TCP_SPIN_US", "7")]).unwrap(),
             Duration::from_micros(7)

@@ -25,10 +25,14 @@
 //! Waiting: a receive with nothing to read may poll its socket again without sleeping for
 //! [`TcpConfig::spin`] (`GRADWIRE_TCP_SPIN_US`) before it sleeps in `poll(2)`, which saves the
 //! scheduler round trip of a wake-up when the peer runs on another core (what Open MPI's
-//! busy polling buys). Off by default: on the loaded 2-core VM (load average 10, 2026-12-01,
-//! `examples/allreduce_procs.rs`, P = 2, three interleaved rounds) spinning 50 us took 4 KiB
-//! all-reduces from 17-19 us to 11-127 us and 64 KiB ones from 45-49 us to 151-156 us: a
-//! spinning rank holds off the peer it waits for whenever the two share a core.
+//! busy polling buys). The default ([`default_spin`]) spins 20 us when the job's ranks fit
+//! on this machine's cores (world size at most the available parallelism), and not at all
+//! otherwise: a spinning rank holds off the peer it waits for whenever the two share a core.
+//! Measured (2-core VM, `scripts/bench-openmpi.sh`, 4 KiB all-reduce, Open MPI's time over
+//! ours, three runs each in one session): P = 2 idle, no spin 1.11x, 1.41x, 0.87x; 20 us
+//! 1.81x, 2.66x, 3.15x. P = 2 loaded (load average 10, `examples/allreduce_procs.rs`): 50 us
+//! took 4 KiB from 17-19 us to 11-127 us, which is why the default never spins when the
+//! ranks outnumber the cores (P = 4 here), and why `GRADWIRE_TCP_SPIN_US=0` turns it off.
 
 mod duplex;
 pub mod frame;
@@ -69,9 +73,20 @@ pub struct TcpConfig {
     /// Deadline of one connection's whole handshake (capped by `timeout`); a stranger that
     /// has not proved the token by then is dropped.
     pub handshake_timeout: Duration,
-    /// How long a waiting receive polls its socket without sleeping (module doc; zero by
-    /// default).
+    /// How long a waiting receive polls its socket without sleeping (module doc; by default
+    /// [`default_spin`] of the world size and this machine's cores).
     pub spin: Duration,
+}
+
+/// The default receive spin: 20 us when `world_size` ranks fit on `cores` cores (so no
+/// rank ever spins on a core its peer needs, whatever the placement), zero otherwise (and for
+/// one rank, which never waits).
+pub fn default_spin(world_size: usize, cores: usize) -> Duration {
+    if world_size >= 2 && world_size <= cores {
+        Duration::from_micros(20)
+    } else {
+        Duration::ZERO
+    }
 }
 
 impl TcpConfig {
@@ -91,7 +106,10 @@ impl TcpConfig {
             max_frame: DEFAULT_MAX_FRAME,
             socket_buffer: None,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            spin: Duration::ZERO,
+            spin: default_spin(
+                world_size,
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
         }
     }
 
@@ -376,6 +394,16 @@ mod tests {
         let err = a.recv(1, &mut Vec::new()).unwrap_err();
         assert!(matches!(err, Error::Timeout { peer: 1, .. }), "{err}");
         drop(world);
+    }
+
+    /// The default spins only when the ranks fit on the cores.
+    #[test]
+    fn default_spin_only_when_the_ranks_fit_on_the_cores() {
+        assert_eq!(default_spin(1, 8), Duration::ZERO);
+        assert_eq!(default_spin(2, 2), Duration::from_micros(20));
+        assert_eq!(default_spin(4, 16), Duration::from_micros(20));
+        assert_eq!(default_spin(3, 2), Duration::ZERO);
+        assert_eq!(default_spin(4, 2), Duration::ZERO);
     }
 
     /// A spinning receive delivers what arrives, and a spin longer than the deadline still
