@@ -435,7 +435,8 @@ mod tests {
     use crate::compressed::Reduce;
     use crate::tests::{local_world, run_world, tcp_world};
 
-    /// LeNet-5's parameters, as `gradwire train --model lenet` lists them.
+    /// LeNet-5's parameters, as `gradwire train --model lenet` lists them (burn's layouts:
+    /// Linear weights `[in, out]`).
     fn lenet() -> Vec<TensorInfo> {
         use TensorRole::*;
         vec![
@@ -443,11 +444,11 @@ mod tests {
             TensorInfo::new([6], Bias),
             TensorInfo::new([16, 6, 5, 5], ConvWeight),
             TensorInfo::new([16], Bias),
-            TensorInfo::new([120, 400], LinearWeight),
+            TensorInfo::new([400, 120], LinearWeight),
             TensorInfo::new([120], Bias),
-            TensorInfo::new([84, 120], LinearWeight),
+            TensorInfo::new([120, 84], LinearWeight),
             TensorInfo::new([84], Bias),
-            TensorInfo::new([10, 84], Output),
+            TensorInfo::new([84, 10], Output),
             TensorInfo::new([10], Bias),
         ]
     }
