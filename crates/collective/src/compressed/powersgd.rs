@@ -130,6 +130,25 @@ pub fn factor_algorithm(world: usize) -> Algorithm {
     }
 }
 
+/// A low-rank tensor's `M` as a row-major matrix of `len` floats: in place in `m` (the
+/// error-fed gradient at `range`), or, when stored `transposed`, the next one in `view`
+/// (advancing `vat`).
+fn row_major<'a>(
+    range: &Range<usize>,
+    len: usize,
+    transposed: bool,
+    m: &'a [f32],
+    view: &'a [f32],
+    vat: &mut usize,
+) -> &'a [f32] {
+    if transposed {
+        *vat += len;
+        &view[*vat - len..*vat]
+    } else {
+        &m[range.clone()]
+    }
+}
+
 /// PowerSGD's compressed all-reduce for a gradient of one length on one world, with its
 /// state: the warm-start `Q`s (identical on every rank) and this rank's error.
 pub struct PowerSgdAllReduce {
@@ -141,7 +160,8 @@ pub struct PowerSgdAllReduce {
     q: Vec<Vec<f32>>,
     error: Vec<f32>,
     m: Vec<f32>,
-    /// Every low-rank tensor's `M` as a row-major `rows x cols` matrix.
+    /// The transposed low-rank tensors' `M`s as row-major `rows x cols` matrices, one after
+    /// another (the others are read in place from `m`).
     view: Vec<f32>,
     buf1: Vec<f32>,
     buf2: Vec<f32>,
@@ -153,7 +173,6 @@ impl PowerSgdAllReduce {
     /// The exchange for a gradient of `len` elements whose tensors `ctx` describes.
     pub fn new(cfg: &PowerSgdConfig, ctx: &BuildContext, len: usize) -> Self {
         let r = cfg.rank.max(1);
-        let shrinks = |rows: usize, cols: usize| cfg.compresses(rows, cols);
         let mut tensors = Vec::new();
         match ctx.tensors_for(len) {
             Some(ts) => {
@@ -169,7 +188,7 @@ impl PowerSgdAllReduce {
                     if transposed {
                         (rows, cols) = (cols, rows);
                     }
-                    tensors.push(if t.is_matrix() && shrinks(rows, cols) {
+                    tensors.push(if t.is_matrix() && cfg.compresses(rows, cols) {
                         PowerSgdTensor::LowRank {
                             range,
                             rows,
@@ -188,7 +207,7 @@ impl PowerSgdAllReduce {
                     while m > 1 && n % m != 0 {
                         m -= 1;
                     }
-                    tensors.push(if m > 0 && shrinks(n / m, m) {
+                    tensors.push(if m > 0 && cfg.compresses(n / m, m) {
                         PowerSgdTensor::LowRank {
                             range,
                             rows: n / m,
@@ -285,23 +304,19 @@ impl PowerSgdAllReduce {
                 }
             }
         }
-        // Every matrix M_i, row-major (a transposed one copied into its view).
+        // The transposed matrices M_i, row-major (the others are row-major in `m` already).
         self.view.clear();
         for tn in &self.tensors {
             if let PowerSgdTensor::LowRank {
                 range,
                 rows,
-                transposed,
+                transposed: true,
                 ..
             } = tn
             {
                 let m = &self.m[range.clone()];
-                if *transposed {
-                    for i in 0..*rows {
-                        self.view.extend(m.iter().skip(i).step_by(*rows));
-                    }
-                } else {
-                    self.view.extend_from_slice(m);
+                for i in 0..*rows {
+                    self.view.extend(m.iter().skip(i).step_by(*rows));
                 }
             }
         }
@@ -309,9 +324,15 @@ impl PowerSgdAllReduce {
         self.buf1.clear();
         let (mut k, mut vat) = (0, 0);
         for tn in &self.tensors {
-            if let PowerSgdTensor::LowRank { rows, cols, .. } = tn {
-                let m = &self.view[vat..vat + rows * cols];
-                vat += rows * cols;
+            if let PowerSgdTensor::LowRank {
+                range,
+                rows,
+                cols,
+                transposed,
+            } = tn
+            {
+                let len = rows * cols;
+                let m = row_major(range, len, *transposed, &self.m, &self.view, &mut vat);
                 let q = &self.q[k];
                 for i in 0..*rows {
                     let row = &m[i * cols..(i + 1) * cols];
@@ -335,11 +356,17 @@ impl PowerSgdAllReduce {
         self.buf2.clear();
         let (mut at, mut vat) = (0, 0);
         for tn in &self.tensors {
-            if let PowerSgdTensor::LowRank { rows, cols, .. } = tn {
+            if let PowerSgdTensor::LowRank {
+                range,
+                rows,
+                cols,
+                transposed,
+            } = tn
+            {
+                let len = rows * cols;
+                let m = row_major(range, len, *transposed, &self.m, &self.view, &mut vat);
                 let p = &mut self.buf1[at..at + rows * r];
                 orthogonalize(p, *rows, r);
-                let m = &self.view[vat..vat + rows * cols];
-                vat += rows * cols;
                 let q0 = self.buf2.len();
                 self.buf2.resize(q0 + cols * r, 0.0);
                 let q = &mut self.buf2[q0..];
