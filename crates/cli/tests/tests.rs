@@ -63,6 +63,18 @@ unsafe fn libc_kill(pid: u32) {
     unsafe { kill(pid as i32, 9) };
 }
 
+/// Runs `cmd` (which writes JSON to `json`) within `limit`, asserts it succeeded, and returns
+/// the JSON it wrote.
+fn run_json(cmd: Command, limit: Duration, json: &std::path::Path) -> serde_json::Value {
+    let out = output_within(cmd, limit);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
 fn rank_env(cmd: &mut Command, rank: usize, n: usize, port: u16, token: &str) {
     cmd.env("GRADWIRE_RANK", rank.to_string())
         .env("GRADWIRE_WORLD_SIZE", n.to_string())
@@ -280,14 +292,7 @@ fn bench_allreduce_writes_the_json_shape() {
         "--json",
     ])
     .arg(&json);
-    let out = output_within(cmd, Duration::from_secs(60));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = run_json(cmd, Duration::from_secs(60), &json);
     assert_eq!(v["op"], "allreduce");
     assert_eq!(v["transport"], "tcp");
     assert_eq!(v["np"], 3);
@@ -546,14 +551,7 @@ fn declared_hosts_make_the_all_reduce_hierarchical() {
         ])
         .arg("--json")
         .arg(&json);
-    let out = output_within(cmd, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = run_json(cmd, Duration::from_secs(120), &json);
     assert_eq!(v["hierarchy"], "2 hosts (2+2 ranks)", "{v}");
     assert_eq!(v["transport"], "tcp");
     let _ = std::fs::remove_dir_all(&dir);
@@ -588,14 +586,7 @@ fn declared_hosts_make_the_engine_hierarchical() {
             "--json",
         ]);
         cmd.arg(&json);
-        let out = output_within(cmd, Duration::from_secs(120));
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let v = run_json(cmd, Duration::from_secs(120), &json);
         assert_eq!(v["results"][0]["case"], "lenet", "{v}");
         assert_eq!(
             v["results"][0].get("hierarchy").and_then(|h| h.as_str()),
