@@ -592,7 +592,7 @@ fn model_tensors(
 /// The optimizer a model trains well with here.
 fn default_optimizer(model: ModelKind) -> OptimizerConfig {
     match model {
-        ModelKind::CharLstm => {
+        ModelKind::CharLstm | ModelKind::CharLstmHidden(_) => {
             let mut o = OptimizerConfig::adam(2e-3);
             o.clip_norm = Some(5.0);
             o

@@ -162,6 +162,25 @@ fn tensors_carry_names_shapes_and_roles() {
     );
 }
 
+/// `--model lstm:hidden=N`: the parameter count by hand (embedding 64, gates fused 4H wide,
+/// output layer over the vocabulary) for the default and a smaller hidden size.
+#[test]
+fn lstm_hidden_size_sets_the_parameter_count() {
+    let count = |v: usize, h: usize| v * 64 + 64 * 4 * h + h * 4 * h + 4 * h + h * v + v;
+    for (spec, h) in [
+        ("lstm", 256),
+        ("lstm:hidden=128", 128),
+        ("lstm:hidden=32", 32),
+    ] {
+        let kind: ModelKind = spec.parse().unwrap();
+        let n = kind
+            .build(DataShape::Text { vocab: 65 }, 0)
+            .unwrap()
+            .num_params();
+        assert_eq!(n, count(65, h), "{spec}");
+    }
+}
+
 /// The wide MLP of `--model mlp:hidden=...`: parameter count by hand, tensor names, shapes
 /// and roles, one training step, and the spec's text round trip.
 #[test]

@@ -19,27 +19,26 @@ use crate::error::Result;
 
 /// Embedding width.
 pub(crate) const EMBED: usize = 64;
-/// LSTM hidden size.
+/// LSTM hidden size of the default model (`lstm`; `lstm:hidden=N` picks another).
 pub(crate) const HIDDEN: usize = 256;
 
 /// The char-LSTM.
 #[derive(Module, Debug)]
 pub(crate) struct CharLstm {
     embed: Embedding,
-    /// Input to gates, `[EMBED, 4 * HIDDEN]`.
+    /// Input to gates, `[EMBED, 4 * hidden]`.
     w_ih: Param<Tensor<2>>,
-    /// Hidden to gates, `[HIDDEN, 4 * HIDDEN]`.
+    /// Hidden to gates, `[hidden, 4 * hidden]`.
     w_hh: Param<Tensor<2>>,
-    /// Gate bias, `[4 * HIDDEN]`.
+    /// Gate bias, `[4 * hidden]`.
     bias: Param<Tensor<1>>,
     out: Linear,
     hidden: usize,
 }
 
 impl CharLstm {
-    /// A char-LSTM over `vocab` ids.
-    pub(crate) fn new(vocab: usize, device: &Device) -> Self {
-        let h = HIDDEN;
+    /// A char-LSTM over `vocab` ids with hidden size `h`.
+    pub(crate) fn new(vocab: usize, h: usize, device: &Device) -> Self {
         CharLstm {
             embed: EmbeddingConfig::new(vocab, EMBED)
                 .with_initializer(Initializer::Zeros)

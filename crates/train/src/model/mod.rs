@@ -304,6 +304,9 @@ pub enum ModelKind {
     ResNet8,
     /// Character-level LSTM language model (embedding 64, hidden 256).
     CharLstm,
+    /// The char-LSTM with another hidden size (`lstm:hidden=128`, 8 to
+    /// [`MAX_LSTM_HIDDEN`]); `lstm:hidden=256` is plain [`ModelKind::CharLstm`].
+    CharLstmHidden(u32),
     /// An MLP with the given hidden widths (`mlp:hidden=2048x3`, or `mlp:wide` for
     /// [`MlpHidden::PAPER`]); `mlp:hidden=256-128` is plain [`ModelKind::Mlp`].
     WideMlp(MlpHidden),
@@ -339,13 +342,13 @@ impl ModelKind {
             ModelKind::Mlp | ModelKind::WideMlp(_) => "mlp",
             ModelKind::LeNet => "lenet",
             ModelKind::ResNet8 => "resnet",
-            ModelKind::CharLstm => "lstm",
+            ModelKind::CharLstm | ModelKind::CharLstmHidden(_) => "lstm",
         }
     }
 
     /// True for a model that takes text (token) batches.
     pub fn is_language_model(self) -> bool {
-        self == ModelKind::CharLstm
+        matches!(self, ModelKind::CharLstm | ModelKind::CharLstmHidden(_))
     }
 
     /// Builds the model for data of `shape`, with parameters drawn from `seed` (the same
@@ -409,7 +412,11 @@ impl ModelKind {
                 Box::new(net::BurnModel::new(net, self, device, seed))
             }
             (ModelKind::CharLstm, DataShape::Text { vocab }) => {
-                let net = lstm::CharLstm::new(vocab, &device);
+                let net = lstm::CharLstm::new(vocab, lstm::HIDDEN, &device);
+                Box::new(net::BurnModel::new(net, self, device, seed))
+            }
+            (ModelKind::CharLstmHidden(h), DataShape::Text { vocab }) => {
+                let net = lstm::CharLstm::new(vocab, h as usize, &device);
                 Box::new(net::BurnModel::new(net, self, device, seed))
             }
             _ => return Err(wrong()),
@@ -421,6 +428,7 @@ impl std::fmt::Display for ModelKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ModelKind::WideMlp(h) => write!(f, "mlp:hidden={h}"),
+            ModelKind::CharLstmHidden(h) => write!(f, "lstm:hidden={h}"),
             k => f.write_str(k.name()),
         }
     }
@@ -428,14 +436,19 @@ impl std::fmt::Display for ModelKind {
 
 impl FromStr for ModelKind {
     type Err = Error;
-    /// `mlp`, `lenet`, `resnet`, `lstm`, or an MLP with options: `mlp:hidden=2048x3`
-    /// (widths as [`MlpHidden`] reads them) or `mlp:wide` ([`MlpHidden::PAPER`]).
+    /// `mlp`, `lenet`, `resnet`, `lstm`, an MLP with options: `mlp:hidden=2048x3`
+    /// (widths as [`MlpHidden`] reads them) or `mlp:wide` ([`MlpHidden::PAPER`]), or a
+    /// char-LSTM of another hidden size: `lstm:hidden=128`.
     fn from_str(s: &str) -> Result<Self> {
         let lower = s.trim().to_ascii_lowercase();
         if let Some((family, opts)) = lower.split_once(':') {
+            if matches!(family.trim(), "lstm" | "char-lstm" | "charlstm") {
+                return parse_lstm(s, opts);
+            }
             if family.trim() != "mlp" {
                 return Err(Error::Config(format!(
-                    "model {s:?}: only mlp takes options (mlp:hidden=2048x3 or mlp:wide)"
+                    "model {s:?}: only mlp and lstm take options (mlp:hidden=2048x3, \
+                     mlp:wide, lstm:hidden=128)"
                 )));
             }
             let hidden = match opts.trim().split_once('=') {
@@ -466,6 +479,39 @@ impl FromStr for ModelKind {
     }
 }
 
+/// Widest hidden state a `lstm:hidden=N` spec may ask for.
+pub const MAX_LSTM_HIDDEN: u32 = 2048;
+
+/// `opts` of `lstm:OPTS` (`s` is the whole spec, for errors): `hidden=N`.
+fn parse_lstm(s: &str, opts: &str) -> Result<ModelKind> {
+    let bad = |why: String| Error::Config(format!("model {s:?}: {why}"));
+    let Some((key, value)) = opts.trim().split_once('=') else {
+        return Err(bad(format!(
+            "unknown lstm option {opts:?} (expected hidden=N, e.g. lstm:hidden=128)"
+        )));
+    };
+    if key.trim() != "hidden" {
+        return Err(bad(format!(
+            "unknown lstm option {:?} (expected hidden=N)",
+            key.trim()
+        )));
+    }
+    let h: u32 = value
+        .trim()
+        .parse()
+        .map_err(|_| bad(format!("hidden size {:?} is not a number", value.trim())))?;
+    if !(8..=MAX_LSTM_HIDDEN).contains(&h) {
+        return Err(bad(format!(
+            "hidden size {h} is out of range (8 to {MAX_LSTM_HIDDEN})"
+        )));
+    }
+    Ok(if h as usize == lstm::HIDDEN {
+        ModelKind::CharLstm
+    } else {
+        ModelKind::CharLstmHidden(h)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,6 +538,40 @@ mod tests {
             ModelKind::Mlp
         );
         assert_eq!("mlp".parse::<ModelKind>().unwrap(), ModelKind::Mlp);
+    }
+
+    #[test]
+    fn lstm_specs_parse_print_and_refuse() {
+        assert_eq!(
+            "lstm:hidden=128".parse::<ModelKind>().unwrap(),
+            ModelKind::CharLstmHidden(128)
+        );
+        assert_eq!(
+            " LSTM:Hidden = 64 ".parse::<ModelKind>().unwrap(),
+            ModelKind::CharLstmHidden(64)
+        );
+        // The default size is the plain model, printed without options.
+        assert_eq!(
+            "lstm:hidden=256".parse::<ModelKind>().unwrap(),
+            ModelKind::CharLstm
+        );
+        let k = ModelKind::CharLstmHidden(96);
+        assert_eq!(k.to_string(), "lstm:hidden=96");
+        assert_eq!(serde_json::to_string(&k).unwrap(), "\"lstm:hidden=96\"");
+        assert_eq!("lstm:hidden=96".parse::<ModelKind>().unwrap(), k);
+        assert!(k.is_language_model());
+        assert_eq!(k.name(), "lstm");
+        for (spec, why) in [
+            ("lstm:hidden=4", "out of range"),
+            ("lstm:hidden=99999", "out of range"),
+            ("lstm:hidden=x", "not a number"),
+            ("lstm:width=64", "unknown lstm option"),
+            ("lstm:big", "unknown lstm option"),
+            ("lenet:hidden=3", "only mlp and lstm take options"),
+        ] {
+            let e = err(spec);
+            assert!(e.contains(why), "{spec}: {e}");
+        }
     }
 
     #[test]
