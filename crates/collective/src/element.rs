@@ -97,11 +97,52 @@ macro_rules! float_element {
                 }
             }
             fn divide(acc: &mut [Self], n: usize) {
-                let n = n as $t;
-                acc.iter_mut().for_each(|a| *a /= n);
+                if n.is_power_of_two() && n < (1 << 60) {
+                    // 1/n is exact, so `a * (1/n)` rounds the same real number `a / n` does:
+                    // bit-identical to the division, and a multiply is several times cheaper.
+                    let inv = 1.0 / (n as $t);
+                    scale_slice(acc, inv);
+                } else {
+                    let n = n as $t;
+                    div_slice(acc, n);
+                }
             }
         }
     };
+}
+
+/// `acc[i] *= k`, dispatched like [`add_slices`].
+fn scale_slice<T: Copy + std::ops::MulAssign>(acc: &mut [T], k: T) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { scale_slice_avx2(acc, k) };
+        return;
+    }
+    acc.iter_mut().for_each(|a| *a *= k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_slice_avx2<T: Copy + std::ops::MulAssign>(acc: &mut [T], k: T) {
+    acc.iter_mut().for_each(|a| *a *= k)
+}
+
+/// `acc[i] /= n`, dispatched like [`add_slices`].
+fn div_slice<T: Copy + std::ops::DivAssign>(acc: &mut [T], n: T) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { div_slice_avx2(acc, n) };
+        return;
+    }
+    acc.iter_mut().for_each(|a| *a /= n)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn div_slice_avx2<T: Copy + std::ops::DivAssign>(acc: &mut [T], n: T) {
+    acc.iter_mut().for_each(|a| *a /= n)
 }
 float_element!(f32);
 float_element!(f64);
@@ -150,6 +191,55 @@ pub(crate) fn bytes_mut<E: Element>(s: &mut [E]) -> &mut [u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mean's divide equals IEEE division bit for bit, for powers of two (done as a
+    /// multiply) and other counts, on normal, subnormal, huge, signed-zero, infinite and NaN
+    /// values.
+    #[test]
+    fn divide_is_bit_identical_to_division() {
+        let mut vals: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -3.5,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::MIN_POSITIVE * 3.0,
+            1.0e-40,
+            -7.0e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let mut x = 0x1234_5678u32;
+        for _ in 0..4096 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            vals.push(f32::from_bits(x));
+        }
+        for n in [1usize, 2, 3, 4, 5, 7, 8, 16, 64, 1000, 1024, 1 << 20] {
+            let mut got = vals.clone();
+            <f32 as Element>::divide(&mut got, n);
+            for (v, g) in vals.iter().zip(&got) {
+                let want = v / n as f32;
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{v:e} / {n}: {g:e} != {want:e}"
+                );
+            }
+            let v64: Vec<f64> = vals.iter().map(|&v| v as f64 * 1e-300).collect();
+            let mut got = v64.clone();
+            <f64 as Element>::divide(&mut got, n);
+            for (v, g) in v64.iter().zip(&got) {
+                let want = v / n as f64;
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{v:e} / {n}: {g:e} != {want:e}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn ops() {
