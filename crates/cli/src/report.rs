@@ -16,7 +16,8 @@ use crate::records::RunRecord;
 /// Arguments of `gradwire report`.
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// Model: mlp, lenet, resnet, lstm.
+    /// Model: mlp, lenet, resnet, lstm, or a spec with options (mlp:hidden=1024x2,
+    /// lstm:hidden=128).
     #[arg(long, default_value = "lenet")]
     model: String,
     /// Data set (default: fashion-mnist, or shakespeare for lstm).

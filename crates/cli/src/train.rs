@@ -53,7 +53,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Model: mlp, mlp:hidden=2048x3 (hidden widths; mlp:wide is 784-2048x3-10), lenet,
-    /// resnet, lstm [default: lenet].
+    /// resnet, lstm (hidden 256; lstm:hidden=128 for another size) [default: lenet].
     #[arg(long)]
     pub model: Option<ModelKind>,
     /// Data set: fashion-mnist, mnist, shakespeare, cifar10 [default: fashion-mnist, or
