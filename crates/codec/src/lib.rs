@@ -28,8 +28,10 @@
 //! switches their own residual; they are never wrapped. Every other codec keeps no residual:
 //! with `ef=true` the one generic [`ErrorFeedback`] wrapper keeps it ([`Feedback::Generic`]),
 //! running the codec's fused kernel when [`Caps::fused_feedback`] is set and three generic
-//! passes otherwise. Without `ef` nobody keeps one ([`Feedback::None`]): the unbiased codecs
-//! (QSGD, TernGrad, scaled random-k) by default, the rest as a named option.
+//! passes otherwise. Without `ef` nobody keeps one ([`Feedback::None`]): the default of the
+//! unbiased codecs (QSGD, TernGrad, scaled random-k) and the plain casts (`none`, `fp16`,
+//! `bf16`), a named option (`ef=false`) for the others. A codec that reports
+//! [`Caps::unbiased`] keeps no residual.
 #![deny(missing_docs)]
 
 mod bf16;
@@ -292,7 +294,8 @@ pub struct Caps {
     /// Has a fused error-feedback kernel, [`Codec::encode_feedback`], that
     /// [`ErrorFeedback`] runs instead of its generic passes (fp32, 1-bit SGD, signSGD).
     pub fused_feedback: bool,
-    /// `E[decode(encode(g))] == g` (QSGD, TernGrad, scaled random-k): needs no residual.
+    /// `E[decode(encode(g))] == g` (QSGD, TernGrad, scaled random-k; lossless fp32): needs no
+    /// residual.
     pub unbiased: bool,
     /// Who keeps what a payload leaves out.
     pub feedback: Feedback,

@@ -207,8 +207,9 @@ impl Codec for RandomK {
     }
 
     fn caps(&self) -> Caps {
+        // With a residual the payload estimates `g + r`, not `g` (as under ErrorFeedback).
         Caps {
-            unbiased: self.cfg.scale,
+            unbiased: self.cfg.scale && !self.cfg.ef,
             ..Caps::sparsifier(Feedback::owned_if(self.cfg.ef))
         }
     }

@@ -35,6 +35,11 @@ fn expected(spec: &str) -> Caps {
     let name = spec.split(':').next().unwrap();
     let has = |p: &str| spec.contains(p);
     match name {
+        // Any codec under the generic wrapper: biased (it sends `g + r`), no fused kernel.
+        "none" | "fp16" | "bf16" | "qsgd" if has("ef=true") => Caps {
+            feedback: Feedback::Generic,
+            ..c
+        },
         // Lossless (unbiased), fused kernel for `none:ef=true`.
         "none" => Caps {
             unbiased: true,
@@ -85,7 +90,7 @@ fn expected(spec: &str) -> Caps {
             ..c
         },
         // Scaled (default): unbiased, no residual; `scale=false`: biased, own residual.
-        "randomk" if has("scale=false") => Caps {
+        "randomk" if has("scale=false") || has("ef=true") => Caps {
             sparse: true,
             feedback: Feedback::Owned,
             ..c
@@ -143,6 +148,20 @@ fn caps_match_the_papers() {
             "{spec}: caps depend on the context"
         );
         // The rule of the crate doc: an unbiased codec keeps no residual.
+        assert!(!caps.unbiased || caps.feedback == Feedback::None, "{spec}");
+    }
+    // Named options off the examples' defaults.
+    for spec in [
+        "none:ef=true",
+        "fp16:ef=true",
+        "qsgd:ef=true",
+        "randomk:ef=true",
+        "topk:ef=false",
+        "signsgd:ef=false",
+    ] {
+        let cfg: CodecConfig = spec.parse().unwrap();
+        let caps = cfg.caps();
+        assert_eq!(caps, expected(&cfg.to_string()), "{spec}");
         assert!(!caps.unbiased || caps.feedback == Feedback::None, "{spec}");
     }
 }
