@@ -63,8 +63,15 @@ pub(crate) fn maybe_wrap<C: Codec + 'static>(c: C, ef: bool) -> Box<dyn Codec> {
 }
 
 impl<C: Codec> ErrorFeedback<C> {
-    /// Wraps `inner` with a zero residual (using its fused path when it has one).
+    /// Wraps `inner` with a zero residual (using its fused path when it has one). `inner`
+    /// must not own a residual itself ([`Feedback::Owned`]: the crate doc's rule; checked in
+    /// debug builds).
     pub fn new(inner: C) -> Self {
+        debug_assert!(
+            inner.caps().feedback != Feedback::Owned,
+            "{} owns its residual: use its ef= option, not ErrorFeedback",
+            inner.id().name()
+        );
         ErrorFeedback {
             inner,
             residual: Vec::new(),
@@ -232,6 +239,17 @@ mod tests {
         conserves(ErrorFeedback::new(SignSgd::new(&[1000, 2001])));
         conserves(ErrorFeedback::new_generic(SignSgd::new(&[1000, 2001])));
         conserves(ErrorFeedback::new(Fp16));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "owns its residual")]
+    fn refuses_a_codec_that_owns_its_residual() {
+        let cfg = crate::ThresholdConfig {
+            tau: 0.5,
+            max_ratio: 1.0,
+        };
+        ErrorFeedback::new(crate::Threshold::new(cfg));
     }
 
     #[test]
