@@ -60,10 +60,13 @@ use rand::Rng;
 
 use crate::elias::{BitReader, BitWriter};
 use crate::onebit::UNKNOWN_SHAPE_RUN;
-use crate::sparse::{check_len, cut_to_k, k_for, read_f32, read_u32, read_u64};
+use crate::sparse::{
+    check_len, check_next, cut_to_k, fit, index_of, is_negative, k_for, load_rng_residual,
+    put_words, read_f32, read_u32, read_u64, save_rng_residual, word_at, word_bytes,
+};
 use crate::{
-    BuildContext, Codec, CodecId, Columns, ConfigError, DecodeError, Header, Params, Progress,
-    SparseGrad, StateReader, StateWriter, StepRng, TensorInfo, HEADER_LEN,
+    BuildContext, Caps, Codec, CodecId, Columns, ConfigError, DecodeError, Feedback, Header,
+    Params, Progress, SparseGrad, StepRng, TensorInfo, HEADER_LEN,
 };
 
 /// LBANN's default proportion: one in 64 values.
@@ -178,10 +181,6 @@ fn golomb_words(bytes: &[u8], total: usize, n: usize) -> Result<Vec<u64>, Decode
     Ok(words)
 }
 
-fn wide(n: usize) -> bool {
-    n as u64 > 1 << 31
-}
-
 /// The `ceil(pi * len)`-th largest of `v` (sorted descending in place), or +inf if `v` is empty.
 fn quantile_desc(v: &mut [f32], pi: f64) -> f32 {
     if v.is_empty() {
@@ -237,10 +236,7 @@ impl Adaptive {
         );
         out.clear();
         self.cols.clear();
-        if self.residual.len() != n {
-            self.residual.clear();
-            self.residual.resize(n, 0.0);
-        }
+        fit(&mut self.residual, n);
         for (x, &y) in self.residual.iter_mut().zip(grad) {
             *x += y;
         }
@@ -329,9 +325,8 @@ impl Codec for Adaptive {
         self.select(grad, &mut sel);
         let n = grad.len();
         Header::write(out, CodecId::Adaptive, n);
-        let w = if wide(n) { 8 } else { 4 };
         let rec = self.record_len();
-        out.reserve(4 + rec * self.cols.len() + w * sel.indices.len());
+        out.reserve(4 + rec * self.cols.len() + word_bytes(n) * sel.indices.len());
         out.extend_from_slice(&(self.cols.len() as u32).to_le_bytes());
         for &(count, mp, mn, m0) in &self.cols {
             out.extend_from_slice(&count.to_le_bytes());
@@ -363,14 +358,8 @@ impl Codec for Adaptive {
             self.sel = sel;
             return;
         }
-        for (&i, &v) in sel.indices.iter().zip(&sel.values) {
-            let word = (u64::from(i) << 1) | u64::from(v < 0.0);
-            if w == 8 {
-                out.extend_from_slice(&word.to_le_bytes());
-            } else {
-                out.extend_from_slice(&(word as u32).to_le_bytes());
-            }
-        }
+        let signs = sel.values.iter().map(|&v| v < 0.0);
+        put_words(out, n, sel.indices.iter().copied().zip(signs));
         self.sel = sel;
     }
 
@@ -378,7 +367,7 @@ impl Codec for Adaptive {
         let n = acc.len();
         Header::check(payload, CodecId::Adaptive, n)?;
         let ncols = read_u32(payload, HEADER_LEN)? as usize;
-        let w = if wide(n) { 8 } else { 4 };
+        let w = word_bytes(n);
         let rec = self.record_len();
         let body = HEADER_LEN + 4;
         if (payload.len() - body) / rec < ncols {
@@ -432,14 +421,12 @@ impl Codec for Adaptive {
             check_len(words_at + w * total as usize, payload.len())?;
             Vec::new()
         };
+        let words = &payload[words_at..];
         let word = |j: usize| -> u64 {
-            let at = words_at + w * j;
             if self.cfg.golomb {
                 golomb[j]
-            } else if w == 8 {
-                read_u64(payload, at).unwrap_or(0)
             } else {
-                u64::from(read_u32(payload, at).unwrap_or(0))
+                word_at(words, w, j)
             }
         };
         let mut next = 0u64;
@@ -447,16 +434,8 @@ impl Codec for Adaptive {
         for c in 0..ncols {
             let count = read_u64(payload, body + rec * c)? as usize;
             for _ in 0..count {
-                let i = word(j) >> 1;
-                if i >= n as u64 {
-                    return Err(DecodeError::IndexOutOfRange { index: i, len: n });
-                }
-                if i < next {
-                    return Err(DecodeError::InvalidField {
-                        field: "index",
-                        reason: "indices not strictly increasing",
-                    });
-                }
+                let i = index_of(word(j));
+                next = check_next(i, next, n)?;
                 if let Some(r) = ranges.get(c) {
                     if !r.contains(&(i as usize)) {
                         return Err(DecodeError::InvalidField {
@@ -465,7 +444,6 @@ impl Codec for Adaptive {
                         });
                     }
                 }
-                next = i + 1;
                 j += 1;
             }
         }
@@ -475,13 +453,13 @@ impl Codec for Adaptive {
             let count = read_u64(payload, at)? as usize;
             let mp = read_f32(payload, at + 8)?;
             let mn = read_f32(payload, at + 12)?;
-            let value = |x: u64| if x & 1 == 1 { -mn } else { mp };
+            let value = |x: u64| if is_negative(x) { -mn } else { mp };
             match ranges.get(c) {
                 Some(r) => {
                     let m0 = read_f32(payload, at + 16)?;
                     let end = j + count;
                     for i in r.clone() {
-                        if j < end && (word(j) >> 1) as usize == i {
+                        if j < end && index_of(word(j)) as usize == i {
                             acc[i] += value(word(j));
                             j += 1;
                         } else {
@@ -492,7 +470,7 @@ impl Codec for Adaptive {
                 None => {
                     for _ in 0..count {
                         let x = word(j);
-                        acc[(x >> 1) as usize] += value(x);
+                        acc[index_of(x) as usize] += value(x);
                         j += 1;
                     }
                 }
@@ -501,26 +479,23 @@ impl Codec for Adaptive {
         Ok(())
     }
 
+    fn caps(&self) -> Caps {
+        Caps {
+            feedback: Feedback::Owned,
+            ..Caps::default()
+        }
+    }
+
     fn set_progress(&mut self, progress: Progress) {
         self.rng.set_step(progress.step);
     }
 
     fn save_state(&self) -> Vec<u8> {
-        let mut w = StateWriter::new(CodecId::Adaptive);
-        self.rng.save(&mut w);
-        w.f32s(&self.residual);
-        w.finish()
+        save_rng_residual(CodecId::Adaptive, &self.rng, &self.residual)
     }
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
-        let mut r = StateReader::new(state, CodecId::Adaptive)?;
-        let mut rng = self.rng.clone();
-        rng.load(&mut r)?;
-        let residual = r.f32s()?;
-        r.finish()?;
-        self.rng = rng;
-        self.residual = residual;
-        Ok(())
+        load_rng_residual(state, CodecId::Adaptive, &mut self.rng, &mut self.residual)
     }
 }
 

@@ -13,7 +13,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::{
-    Bf16, BuildContext, Codec, CodecId, ConfigError, Fp16, Fp32, OneBitConfig, Params,
+    Bf16, BuildContext, Caps, Codec, CodecId, ConfigError, Fp16, Fp32, OneBitConfig, Params,
     PowerSgdConfig, QsgdConfig, SignSgdConfig, TernGradConfig,
 };
 // Sparse codecs: `use crate::{ThresholdConfig, ...};` go here.
@@ -175,6 +175,12 @@ impl CodecConfig {
     /// The codec's spec name.
     pub fn name(&self) -> &'static str {
         self.id().name()
+    }
+
+    /// The capabilities of the codec this config builds (they do not depend on the build
+    /// context).
+    pub fn caps(&self) -> Caps {
+        self.build(&BuildContext::single(0)).caps()
     }
 
     /// The runtime codec (wrapped in error feedback when the config asks for it).

@@ -51,11 +51,12 @@
 use std::fmt;
 
 use crate::sparse::{
-    decode_sparse_add, finish_sampled, k_for, key, write_sparse, ThresholdEstimate, ValueFormat,
+    decode_sparse_add, finish_sampled, fit, k_for, key, write_sparse, ThresholdEstimate,
+    ValueFormat,
 };
 use crate::{
-    segments, BuildContext, Codec, CodecId, ConfigError, DecodeError, Params, Progress, SparseGrad,
-    StateReader, StateWriter, StepRng,
+    segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
+    Progress, SparseGrad, StateReader, StateWriter, StepRng,
 };
 
 /// Parameters of `dgc:ratio=0.001[,momentum=0.9][,nesterov=false][,clip=0][,warmup_epochs=4]
@@ -267,12 +268,9 @@ impl Dgc {
             "DGC indices are u32: {n} elements is too many"
         );
         out.clear();
-        if self.u.len() != n {
-            self.u.clear();
-            self.u.resize(n, 0.0);
-            self.v.clear();
-            self.v.resize(n, 0.0);
-        }
+        // `u` and `v` always have the same length (load_state checks it): both restart.
+        fit(&mut self.u, n);
+        fit(&mut self.v, n);
         let s = self.clip_scale(grad);
         let ratio = self.cfg.ratio_at(self.epoch);
         let mut stream = self.rng.next_stream();
@@ -373,9 +371,12 @@ impl Codec for Dgc {
         self.epoch = progress.epoch;
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+    fn caps(&self) -> Caps {
+        Caps::sparsifier(Feedback::Owned)
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         self.select(grad, out);
-        true
     }
 
     fn save_state(&self) -> Vec<u8> {

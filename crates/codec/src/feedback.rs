@@ -4,14 +4,19 @@
 //!
 //! With residual `r` (zero at first): `x = g + r`, send `encode(x)`, then
 //! `r = x - decode(encode(x))`, so `sent + r_new == g + r_old` up to one rounding. Codecs
-//! may fuse the three passes ([`Codec::encode_feedback`]); otherwise the wrapper runs them
-//! with a reused scratch buffer. The residual is part of the saved state.
+//! may fuse the three passes ([`Codec::encode_feedback`], announced by
+//! [`crate::Caps::fused_feedback`]); otherwise the wrapper runs them with a reused scratch
+//! buffer. The residual is part of the saved state. This is the crate's one generic
+//! error-feedback mechanism ([`Feedback::Generic`]); the codecs whose selection reads the
+//! residual keep their own instead ([`Feedback::Owned`], rule in the crate doc).
 //!
 //! State layout: `GWS` + inner codec id, `u64` 0x4546 ("EF"), the residual (`u64` length
 //! and `f32`s), then the inner codec's state (`u64` length and bytes).
 
 use crate::simd::multiversion;
-use crate::{Codec, CodecId, DecodeError, Progress, SparseGrad, StateReader, StateWriter};
+use crate::{
+    Caps, Codec, CodecId, DecodeError, Feedback, Progress, SparseGrad, StateReader, StateWriter,
+};
 
 const EF_TAG: u64 = 0x4546;
 
@@ -58,8 +63,15 @@ pub(crate) fn maybe_wrap<C: Codec + 'static>(c: C, ef: bool) -> Box<dyn Codec> {
 }
 
 impl<C: Codec> ErrorFeedback<C> {
-    /// Wraps `inner` with a zero residual (using its fused path when it has one).
+    /// Wraps `inner` with a zero residual (using its fused path when it has one). `inner`
+    /// must not own a residual itself ([`Feedback::Owned`]: the crate doc's rule; checked in
+    /// debug builds).
     pub fn new(inner: C) -> Self {
+        debug_assert!(
+            inner.caps().feedback != Feedback::Owned,
+            "{} owns its residual: use its ef= option, not ErrorFeedback",
+            inner.id().name()
+        );
         ErrorFeedback {
             inner,
             residual: Vec::new(),
@@ -87,13 +99,6 @@ impl<C: Codec> ErrorFeedback<C> {
         &self.inner
     }
 
-    fn fit(&mut self, n: usize) {
-        if self.residual.len() != n {
-            self.residual.clear();
-            self.residual.resize(n, 0.0);
-        }
-    }
-
     fn load_x(&mut self, grad: &[f32]) {
         self.scratch.clear();
         self.scratch.resize(grad.len(), 0.0);
@@ -107,8 +112,9 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        self.fit(grad.len());
-        if self.fused && self.inner.encode_feedback(grad, &mut self.residual, out) {
+        crate::sparse::fit(&mut self.residual, grad.len());
+        if self.fused && self.inner.caps().fused_feedback {
+            self.inner.encode_feedback(grad, &mut self.residual, out);
             return;
         }
         self.load_x(grad);
@@ -128,14 +134,22 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.inner.decode_add(payload, acc)
     }
 
+    /// The inner codec's capabilities, with the residual kept here: [`Feedback::Generic`],
+    /// biased (it sends `grad + residual`), and no fused kernel of its own.
+    fn caps(&self) -> Caps {
+        Caps {
+            feedback: Feedback::Generic,
+            unbiased: false,
+            fused_feedback: false,
+            ..self.inner.caps()
+        }
+    }
+
     fn set_progress(&mut self, progress: Progress) {
         self.inner.set_progress(progress)
     }
 
-    fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
-        // Most codecs need no shared scalars whatever the input: answer without building
-        // `grad + residual`, a full copy of the gradient, on every step.
-        self.inner.local_scalars(&[])?;
+    fn local_scalars(&self, grad: &[f32]) -> Vec<f32> {
         if self.residual.len() != grad.len() {
             return self.inner.local_scalars(grad);
         }
@@ -151,19 +165,16 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.inner.set_shared_scalars(values)
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
-        self.fit(grad.len());
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        crate::sparse::fit(&mut self.residual, grad.len());
         self.load_x(grad);
-        if !self.inner.encode_sparse(&self.scratch, out) {
-            return false;
-        }
+        self.inner.encode_sparse(&self.scratch, out);
         std::mem::swap(&mut self.residual, &mut self.scratch);
         for (&i, &v) in out.indices.iter().zip(&out.values) {
             if let Some(r) = self.residual.get_mut(i as usize) {
                 *r -= v;
             }
         }
-        true
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -228,6 +239,17 @@ mod tests {
         conserves(ErrorFeedback::new(SignSgd::new(&[1000, 2001])));
         conserves(ErrorFeedback::new_generic(SignSgd::new(&[1000, 2001])));
         conserves(ErrorFeedback::new(Fp16));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "owns its residual")]
+    fn refuses_a_codec_that_owns_its_residual() {
+        let cfg = crate::ThresholdConfig {
+            tau: 0.5,
+            max_ratio: 1.0,
+        };
+        ErrorFeedback::new(crate::Threshold::new(cfg));
     }
 
     #[test]

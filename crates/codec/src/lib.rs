@@ -9,6 +9,29 @@
 //! Every payload starts with a [`Header`] (magic, version, codec id, element count), so a
 //! decoder refuses what is not its own; every decoder is total: malformed input gives a
 //! [`DecodeError`], never a panic, and never allocates more than the accumulator.
+//!
+//! # Capabilities
+//! Beyond `encode`/`decode_add`, a codec states what else it does in [`Codec::caps`]
+//! ([`Caps`]): whether it emits (index, value) pairs for the sparse all-reduce
+//! ([`Codec::encode_sparse`]), whether the ranks must agree on scalars before it encodes
+//! ([`Codec::local_scalars`], TernGrad's shared max), whether it has a fused error-feedback
+//! kernel ([`Codec::encode_feedback`]), whether it is unbiased, and who keeps its residual.
+//! Callers choose their path from these flags and call a method only when its flag is set;
+//! no method answers "not supported" with a sentinel.
+//!
+//! # Error feedback: who owns the residual
+//! One rule. A codec **owns** its residual ([`Feedback::Owned`]) exactly when the residual
+//! decides what is selected: the sparsifiers and selectors of the seed papers (top-k,
+//! threshold, random-k with `ef`, adaptive quantization, and DGC, whose accumulated velocity
+//! plays that part). Their selection reads `g + r` and writes back what stays in the same
+//! pass, [`Codec::encode_sparse`] advances it exactly as `encode` does, and their `ef=`
+//! switches their own residual; they are never wrapped. Every other codec keeps no residual:
+//! with `ef=true` the one generic [`ErrorFeedback`] wrapper keeps it ([`Feedback::Generic`]),
+//! running the codec's fused kernel when [`Caps::fused_feedback`] is set and three generic
+//! passes otherwise. Without `ef` nobody keeps one ([`Feedback::None`]): the default of the
+//! unbiased codecs (QSGD, TernGrad, scaled random-k) and the plain casts (`none`, `fp16`,
+//! `bf16`), a named option (`ef=false`) for the others. A codec that reports
+//! [`Caps::unbiased`] keeps no residual.
 #![deny(missing_docs)]
 
 mod bf16;
@@ -202,43 +225,48 @@ pub trait Codec: Send {
     /// lengths, scales, codes) are found before `acc` is touched.
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError>;
 
-    /// Whether `E[decode(encode(g))] == g` (QSGD, TernGrad, random-k scaled): such codecs need
-    /// no error feedback.
-    fn is_unbiased(&self) -> bool {
-        false
+    /// What this codec can do beyond `encode`/`decode_add`, and who keeps its residual
+    /// (constant over the codec's life). Default: none of it ([`Caps::default`]).
+    fn caps(&self) -> Caps {
+        Caps::default()
     }
 
     /// Tells the codec where training is (DGC's warm-up, seeded RNG streams).
     fn set_progress(&mut self, _progress: Progress) {}
 
     /// Scalars that every rank must agree on before encoding (TernGrad's shared max, one per
-    /// tensor), computed from this rank's gradient; `None` for codecs that need none.
-    fn local_scalars(&self, _grad: &[f32]) -> Option<Vec<f32>> {
-        None
+    /// tensor), computed from this rank's gradient. Call only when
+    /// [`Caps::shared_scalars`]; the default panics (a caller bug).
+    fn local_scalars(&self, _grad: &[f32]) -> Vec<f32> {
+        panic!(
+            "{} needs no shared scalars: check caps().shared_scalars first",
+            self.id().name()
+        )
     }
 
     /// Sets the agreed scalars (the element-wise max over ranks of [`Codec::local_scalars`])
-    /// for the next encode only.
+    /// for the next encode only. Codecs without [`Caps::shared_scalars`] ignore it.
     fn set_shared_scalars(&mut self, _values: &[f32]) {}
 
-    /// For sparsifying codecs (top-k, DGC, threshold, random-k): selects this step's
-    /// (index, value) pairs exactly as [`Codec::encode`] would (advancing the same state) and
-    /// returns `true`, so a sparse allreduce can merge indices as it reduces. Other codecs
-    /// return `false` and leave `out` untouched.
-    fn encode_sparse(&mut self, _grad: &[f32], _out: &mut SparseGrad) -> bool {
-        false
+    /// Selects this step's (index, value) pairs into `out` (cleared first) exactly as
+    /// [`Codec::encode`] would (advancing the same state), so a sparse all-reduce can merge
+    /// indices as it reduces. Call only when [`Caps::sparse`]; the default panics (a caller
+    /// bug).
+    fn encode_sparse(&mut self, _grad: &[f32], _out: &mut SparseGrad) {
+        panic!(
+            "{} does not sparsify: check caps().sparse first",
+            self.id().name()
+        )
     }
 
     /// Error feedback fused into the codec: encodes `x = grad + residual` into `out` and sets
-    /// `residual = x - decode(out)`, returning `true`. Codecs that have no fused path return
-    /// `false` and touch nothing; [`ErrorFeedback`] then does the same in generic passes.
-    fn encode_feedback(
-        &mut self,
-        _grad: &[f32],
-        _residual: &mut [f32],
-        _out: &mut Vec<u8>,
-    ) -> bool {
-        false
+    /// `residual = x - decode(out)` (`residual.len() == grad.len()`). Call only when
+    /// [`Caps::fused_feedback`] ([`ErrorFeedback`] does); the default panics (a caller bug).
+    fn encode_feedback(&mut self, _grad: &[f32], _residual: &mut [f32], _out: &mut Vec<u8>) {
+        panic!(
+            "{} has no fused error feedback: check caps().fused_feedback first",
+            self.id().name()
+        )
     }
 
     /// Serializes all state (residuals, momenta, RNG position, warm-up position).
@@ -249,6 +277,62 @@ pub trait Codec: Send {
     /// Restores state saved by [`Codec::save_state`] of the same configuration.
     fn load_state(&mut self, _state: &[u8]) -> Result<(), DecodeError> {
         Ok(())
+    }
+}
+
+/// What a codec can do beyond `encode`/`decode_add` ([`Codec::caps`]); see the crate doc for
+/// the rule on who owns the residual. `Caps::default()` is a plain dense codec: no sparse
+/// form, no shared scalars, no fused kernel, biased, no residual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caps {
+    /// Emits (index, value) pairs for the sparse all-reduce: [`Codec::encode_sparse`] selects
+    /// exactly what [`Codec::encode`] sends (top-k, threshold, random-k, DGC).
+    pub sparse: bool,
+    /// The ranks must agree on scalars before every encode: [`Codec::local_scalars`], an
+    /// element-wise max over ranks, then [`Codec::set_shared_scalars`] (TernGrad).
+    pub shared_scalars: bool,
+    /// Has a fused error-feedback kernel, [`Codec::encode_feedback`], that
+    /// [`ErrorFeedback`] runs instead of its generic passes (fp32, 1-bit SGD, signSGD).
+    pub fused_feedback: bool,
+    /// `E[decode(encode(g))] == g` (QSGD, TernGrad, scaled random-k; lossless fp32): needs no
+    /// residual.
+    pub unbiased: bool,
+    /// Who keeps what a payload leaves out.
+    pub feedback: Feedback,
+}
+
+/// Who keeps a codec's residual (what its payloads left out, added to the next gradient).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Feedback {
+    /// Nobody: what a payload leaves out is dropped (unbiased or lossless codecs, `ef=false`).
+    #[default]
+    None,
+    /// The generic [`ErrorFeedback`] wrapper (biased quantizers with `ef=true`).
+    Generic,
+    /// The codec itself, fused with its selection (top-k, threshold, random-k with `ef`,
+    /// adaptive quantization; DGC's accumulated velocity).
+    Owned,
+}
+
+impl Caps {
+    /// A sparsifier's: [`Caps::sparse`], with `feedback`, biased.
+    pub fn sparsifier(feedback: Feedback) -> Caps {
+        Caps {
+            sparse: true,
+            feedback,
+            ..Caps::default()
+        }
+    }
+}
+
+impl Feedback {
+    /// `Owned` when `ef` is set, `None` otherwise (for codecs with their own `ef=` switch).
+    pub fn owned_if(ef: bool) -> Self {
+        if ef {
+            Feedback::Owned
+        } else {
+            Feedback::None
+        }
     }
 }
 
@@ -288,22 +372,22 @@ impl Codec for Box<dyn Codec> {
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         (**self).decode_add(payload, acc)
     }
-    fn is_unbiased(&self) -> bool {
-        (**self).is_unbiased()
+    fn caps(&self) -> Caps {
+        (**self).caps()
     }
     fn set_progress(&mut self, progress: Progress) {
         (**self).set_progress(progress)
     }
-    fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
+    fn local_scalars(&self, grad: &[f32]) -> Vec<f32> {
         (**self).local_scalars(grad)
     }
     fn set_shared_scalars(&mut self, values: &[f32]) {
         (**self).set_shared_scalars(values)
     }
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         (**self).encode_sparse(grad, out)
     }
-    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
         (**self).encode_feedback(grad, residual, out)
     }
     fn save_state(&self) -> Vec<u8> {

@@ -40,8 +40,8 @@ use crate::pack::{pack, packed_bytes, unpack_add, LANES};
 use crate::rng::uniform;
 use crate::simd::multiversion;
 use crate::{
-    BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress, StateReader,
-    StateWriter, StepRng, HEADER_LEN,
+    BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress,
+    StateReader, StateWriter, StepRng, HEADER_LEN,
 };
 
 /// How QSGD scales a bucket.
@@ -465,8 +465,11 @@ impl Codec for Qsgd {
         }
     }
 
-    fn is_unbiased(&self) -> bool {
-        true
+    fn caps(&self) -> Caps {
+        Caps {
+            unbiased: true,
+            ..Caps::default()
+        }
     }
 
     fn set_progress(&mut self, progress: Progress) {

@@ -30,10 +30,10 @@ use rand::seq::index;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::sparse::{check_len, k_for, read_f32, read_u64, step_key};
+use crate::sparse::{check_len, fit, k_for, read_f32, read_u64, step_key};
 use crate::{
-    BuildContext, Codec, CodecId, ConfigError, DecodeError, Params, Progress, SparseGrad,
-    StateReader, StateWriter, HEADER_LEN,
+    BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params, Progress,
+    SparseGrad, StateReader, StateWriter, HEADER_LEN,
 };
 
 /// Parameters of `randomk:ratio=0.01[,scale=true|false][,ef=true|false]`.
@@ -141,10 +141,7 @@ impl RandomK {
         let key = step_key(self.seed, call, step);
         draw(key, n, k, &mut out.indices);
         if self.cfg.ef {
-            if self.residual.len() != n {
-                self.residual.clear();
-                self.residual.resize(n, 0.0);
-            }
+            fit(&mut self.residual, n);
             for (x, &y) in self.residual.iter_mut().zip(grad) {
                 *x += y;
             }
@@ -209,8 +206,12 @@ impl Codec for RandomK {
         Ok(())
     }
 
-    fn is_unbiased(&self) -> bool {
-        self.cfg.scale
+    fn caps(&self) -> Caps {
+        // With a residual the payload estimates `g + r`, not `g` (as under ErrorFeedback).
+        Caps {
+            unbiased: self.cfg.scale && !self.cfg.ef,
+            ..Caps::sparsifier(Feedback::owned_if(self.cfg.ef))
+        }
     }
 
     fn set_progress(&mut self, progress: Progress) {
@@ -220,14 +221,13 @@ impl Codec for RandomK {
         }
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         let (_, scale) = self.select(grad, out);
         if scale != 1.0 {
             for v in &mut out.values {
                 *v *= scale;
             }
         }
-        true
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -278,7 +278,7 @@ mod tests {
         let n = 100;
         let g = grad(n, 1);
         let mut c = codec("randomk:ratio=0.1", 3, 0);
-        assert!(c.is_unbiased());
+        assert!(c.caps().unbiased);
         let mut acc = vec![0.0f32; n];
         let mut out = Vec::new();
         let trials = 4000;
@@ -347,7 +347,7 @@ mod tests {
     fn biased_variant_conserves_the_signal_and_resumes() {
         let n = 5000;
         let mut c = codec("randomk:ratio=0.05,scale=false", 1, 0);
-        assert!(!c.is_unbiased());
+        assert!(!c.caps().unbiased);
         let mut out = Vec::new();
         let mut before = vec![0.0f32; n];
         for s in 0..3 {

@@ -19,7 +19,9 @@ use std::fmt;
 use crate::layout::{expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add};
 use crate::simd::multiversion;
-use crate::{BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN};
+use crate::{
+    BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN,
+};
 
 /// Parameters of EF-signSGD.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,11 +158,17 @@ impl Codec for SignSgd {
         encode_all(&self.layout, grad, &mut out[HEADER_LEN..]);
     }
 
-    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) -> bool {
+    fn caps(&self) -> Caps {
+        Caps {
+            fused_feedback: true,
+            ..Caps::default()
+        }
+    }
+
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
         Header::write(out, CodecId::SignSgd, grad.len());
         out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
         encode_fb(&self.layout, grad, residual, &mut out[HEADER_LEN..]);
-        true
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {

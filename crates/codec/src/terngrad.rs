@@ -36,8 +36,8 @@ use crate::pack::{pack, packed_bytes, unpack_add, LANES};
 use crate::rng::uniform;
 use crate::simd::multiversion;
 use crate::{
-    BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress, StateReader,
-    StateWriter, StepRng, TensorRole, HEADER_LEN,
+    BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress,
+    StateReader, StateWriter, StepRng, TensorRole, HEADER_LEN,
 };
 
 /// Parameters of TernGrad.
@@ -280,20 +280,22 @@ impl Codec for TernGrad {
         Ok(())
     }
 
-    fn is_unbiased(&self) -> bool {
-        true
+    fn caps(&self) -> Caps {
+        Caps {
+            unbiased: true,
+            shared_scalars: true,
+            ..Caps::default()
+        }
     }
 
     fn set_progress(&mut self, progress: Progress) {
         self.rng.set_step(progress.step);
     }
 
-    fn local_scalars(&self, grad: &[f32]) -> Option<Vec<f32>> {
-        Some(
-            segments(&self.layout, grad.len())
-                .map(|s| tensor_stats(&grad[s], self.clip).1)
-                .collect(),
-        )
+    fn local_scalars(&self, grad: &[f32]) -> Vec<f32> {
+        segments(&self.layout, grad.len())
+            .map(|s| tensor_stats(&grad[s], self.clip).1)
+            .collect()
     }
 
     fn set_shared_scalars(&mut self, values: &[f32]) {
@@ -378,7 +380,7 @@ mod tests {
         let mut g = grad(1000);
         g[10] = 100.0; // an outlier
         let mut t = TernGrad::new(2.5, &[], 1, 0);
-        let local = t.local_scalars(&g).unwrap()[0];
+        let local = t.local_scalars(&g)[0];
         assert!(local < 10.0, "{local}");
         let mut out = Vec::new();
         t.encode(&g, &mut out);
@@ -403,7 +405,7 @@ mod tests {
             *v *= 0.01;
         }
         let mut t = TernGrad::new(0.0, &[300, 400], 1, 0);
-        let local = t.local_scalars(&g).unwrap();
+        let local = t.local_scalars(&g);
         assert_eq!(local.len(), 2);
         assert!(local[1] < local[0] * 0.02, "{local:?}");
         let shared = [local[0] * 1.5, local[1] * 1.25];

@@ -32,10 +32,13 @@
 
 use std::fmt;
 
-use crate::sparse::{check_len, cut_to_k, k_for, key, read_f32, read_u64, scan_add_into};
+use crate::sparse::{
+    check_len, check_next, cut_to_k, fit, index_of, is_negative, k_for, key, put_words, read_f32,
+    read_u64, scan_add_into, word_at, word_bytes,
+};
 use crate::{
-    BuildContext, Codec, CodecId, ConfigError, DecodeError, Header, Params, SparseGrad,
-    StateReader, StateWriter, HEADER_LEN,
+    BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Header, Params,
+    SparseGrad, StateReader, StateWriter, HEADER_LEN,
 };
 
 /// Parameters of `threshold:tau=0.01[,max_ratio=1]`.
@@ -84,11 +87,6 @@ pub struct Threshold {
     sel: SparseGrad,
 }
 
-/// Whether a tensor of `n` elements uses 64-bit words.
-fn wide(n: usize) -> bool {
-    n as u64 > 1 << 31
-}
-
 impl Threshold {
     /// A threshold codec.
     pub fn new(cfg: ThresholdConfig) -> Self {
@@ -116,10 +114,7 @@ impl Threshold {
             "threshold selection uses u32 indices: {n} elements is too many"
         );
         out.clear();
-        if self.residual.len() != n {
-            self.residual.clear();
-            self.residual.resize(n, 0.0);
-        }
+        fit(&mut self.residual, n);
         self.cand.clear();
         scan_add_into(grad, &mut self.residual, key(self.tau), &mut self.cand);
         let cap = k_for(self.cfg.max_ratio, n);
@@ -144,18 +139,11 @@ impl Codec for Threshold {
         self.select(grad, &mut sel);
         let n = grad.len();
         Header::write(out, CodecId::Threshold, n);
-        let w = if wide(n) { 8 } else { 4 };
-        out.reserve(12 + w * sel.indices.len());
+        out.reserve(12 + word_bytes(n) * sel.indices.len());
         out.extend_from_slice(&self.tau.to_le_bytes());
         out.extend_from_slice(&(sel.indices.len() as u64).to_le_bytes());
-        for (&i, &v) in sel.indices.iter().zip(&sel.values) {
-            let word = (u64::from(i) << 1) | u64::from(v.is_sign_negative());
-            if w == 8 {
-                out.extend_from_slice(&word.to_le_bytes());
-            } else {
-                out.extend_from_slice(&(word as u32).to_le_bytes());
-            }
-        }
+        let signs = sel.values.iter().map(|v| v.is_sign_negative());
+        put_words(out, n, sel.indices.iter().copied().zip(signs));
         self.sel = sel;
     }
 
@@ -176,40 +164,26 @@ impl Codec for Threshold {
                 reason: "more words than elements",
             });
         }
-        let w = if wide(n) { 8 } else { 4 };
-        check_len(HEADER_LEN + 12 + w * count as usize, payload.len())?;
+        let (w, count) = (word_bytes(n), count as usize);
+        check_len(HEADER_LEN + 12 + w * count, payload.len())?;
         let words = &payload[HEADER_LEN + 12..];
-        let word = |c: &[u8]| -> u64 {
-            if w == 8 {
-                u64::from_le_bytes(c.try_into().expect("8 bytes"))
-            } else {
-                u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            }
-        };
         let mut next = 0u64;
-        for c in words.chunks_exact(w) {
-            let i = word(c) >> 1;
-            if i >= n as u64 {
-                return Err(DecodeError::IndexOutOfRange { index: i, len: n });
-            }
-            if i < next {
-                return Err(DecodeError::InvalidField {
-                    field: "index",
-                    reason: "indices not strictly increasing",
-                });
-            }
-            next = i + 1;
+        for j in 0..count {
+            next = check_next(index_of(word_at(words, w, j)), next, n)?;
         }
-        for c in words.chunks_exact(w) {
-            let x = word(c);
-            acc[(x >> 1) as usize] += if x & 1 == 1 { -tau } else { tau };
+        for j in 0..count {
+            let x = word_at(words, w, j);
+            acc[index_of(x) as usize] += if is_negative(x) { -tau } else { tau };
         }
         Ok(())
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+    fn caps(&self) -> Caps {
+        Caps::sparsifier(Feedback::Owned)
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         self.select(grad, out);
-        true
     }
 
     fn save_state(&self) -> Vec<u8> {

@@ -32,12 +32,12 @@
 use std::fmt;
 
 use crate::sparse::{
-    decode_sparse_add, exact_topk, finish_sampled, k_for, scan_above, scan_add_into, write_sparse,
-    ThresholdEstimate, ValueFormat,
+    decode_sparse_add, exact_topk, finish_sampled, fit, k_for, load_rng_residual,
+    save_rng_residual, scan_above, scan_add_into, write_sparse, ThresholdEstimate, ValueFormat,
 };
 use crate::{
-    segments, BuildContext, Codec, CodecId, ConfigError, DecodeError, Params, Progress, SparseGrad,
-    StateReader, StateWriter, StepRng,
+    segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
+    Progress, SparseGrad, StepRng,
 };
 
 /// How top-k finds its threshold.
@@ -191,9 +191,8 @@ impl TopK {
             scratch,
             ..
         } = self;
-        if cfg.ef && residual.len() != n {
-            residual.clear();
-            residual.resize(n, 0.0);
+        if cfg.ef {
+            fit(residual, n);
         }
         let mut stream = rng.next_stream();
         let segs: Vec<_> = match cfg.scope {
@@ -274,34 +273,27 @@ impl Codec for TopK {
         self.rng.set_step(progress.step);
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+    fn caps(&self) -> Caps {
+        Caps::sparsifier(Feedback::owned_if(self.cfg.ef))
+    }
+
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         self.select(grad, out);
-        true
     }
 
     fn save_state(&self) -> Vec<u8> {
-        let mut w = StateWriter::new(CodecId::TopK);
-        self.rng.save(&mut w);
-        w.f32s(&self.residual);
-        w.finish()
+        save_rng_residual(CodecId::TopK, &self.rng, &self.residual)
     }
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
-        let mut r = StateReader::new(state, CodecId::TopK)?;
-        let mut rng = self.rng.clone();
-        rng.load(&mut r)?;
-        let residual = r.f32s()?;
-        r.finish()?;
-        self.rng = rng;
-        self.residual = residual;
-        Ok(())
+        load_rng_residual(state, CodecId::TopK, &mut self.rng, &mut self.residual)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sparse::{index_bytes, key, SPARSE_PREFIX};
+    use crate::sparse::{index_bytes, reference_topk as reference, SPARSE_PREFIX};
     use crate::HEADER_LEN;
 
     fn grad(n: usize, seed: u64) -> Vec<f32> {
@@ -332,14 +324,6 @@ mod tests {
         TopK::new(cfg, &ctx)
     }
 
-    fn reference(x: &[f32], k: usize) -> Vec<u32> {
-        let mut idx: Vec<u32> = (0..x.len() as u32).collect();
-        idx.sort_by(|&a, &b| key(x[b as usize]).cmp(&key(x[a as usize])).then(a.cmp(&b)));
-        idx.truncate(k);
-        idx.sort_unstable();
-        idx
-    }
-
     #[test]
     fn keeps_exactly_the_k_largest() {
         for spec in [
@@ -351,7 +335,8 @@ mod tests {
             let g = grad(n, 1);
             let mut c = codec(spec, vec![]);
             let mut s = SparseGrad::default();
-            assert!(c.encode_sparse(&g, &mut s));
+            assert!(c.caps().sparse);
+            c.encode_sparse(&g, &mut s);
             let k = k_for(c.cfg.ratio, n);
             assert_eq!(s.indices, reference(&g, k), "{spec}");
             assert!(s

@@ -164,7 +164,8 @@ fn dgc_sends_one_dimensional_tensors_dense() {
     let cfg: CodecConfig = "dgc:ratio=0.01,momentum=0,warmup_epochs=0".parse().unwrap();
     let mut c = cfg.build(&ctx());
     let mut s = SparseGrad::default();
-    assert!(c.encode_sparse(&grad(n, 3), &mut s));
+    assert!(c.caps().sparse);
+    c.encode_sparse(&grad(n, 3), &mut s);
     let mut at = 0;
     for t in &ts {
         let numel = t.numel();
@@ -184,7 +185,8 @@ fn dgc_sends_one_dimensional_tensors_dense() {
     // Without shapes, the fallback: tensors under 1024 elements dense.
     let flat = BuildContext::new(3, 1, 4, ts.iter().map(TensorInfo::numel).collect());
     let mut c = cfg.build(&flat);
-    assert!(c.encode_sparse(&grad(n, 3), &mut s));
+    assert!(c.caps().sparse);
+    c.encode_sparse(&grad(n, 3), &mut s);
     let dense_small: usize = ts.iter().map(TensorInfo::numel).filter(|&m| m < 1024).sum();
     assert!(s.indices.len() >= dense_small);
 }
@@ -222,7 +224,8 @@ fn dgc_split_follows_the_reference_rule_at_0_1_percent() {
         });
         let mut s = SparseGrad::default();
         for step in 0..3 {
-            assert!(c.encode_sparse(&grad(n, 11 + step), &mut s));
+            assert!(c.caps().sparse);
+            c.encode_sparse(&grad(n, 11 + step), &mut s);
             let mut at = 0;
             let got: Vec<usize> = ts
                 .iter()

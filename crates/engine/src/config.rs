@@ -20,9 +20,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use gradwire_codec::{
-    BuildContext, Codec, CodecConfig, CodecId, SparseGrad, TensorInfo, TensorRole,
-};
+use gradwire_codec::{CodecConfig, CodecId, TensorInfo, TensorRole};
 use gradwire_collective::CollectiveConfig;
 
 use crate::error::{Error, Result};
@@ -561,17 +559,15 @@ impl EngineConfig {
 
 /// Refuses the codec/strategy pairs that cannot run.
 fn check_pair(tensor: &str, codec: &CodecConfig, strategy: Strategy) -> Result<()> {
-    let probe = || codec.build(&BuildContext::single(0));
+    let caps = codec.caps();
     let why = match strategy {
         Strategy::Dense if codec.id() != CodecId::None || has_feedback(codec) => {
             Some("dense carries raw fp32; use codec 'none' (without ef) or another strategy")
         }
-        Strategy::Sparse
-            if !probe().encode_sparse(&[1.0, -2.0, 0.5], &mut SparseGrad::default()) =>
-        {
+        Strategy::Sparse if !caps.sparse => {
             Some("the sparse all-reduce needs a sparsifying codec (topk, dgc, threshold, randomk)")
         }
-        Strategy::Quantized if probe().local_scalars(&[1.0, -2.0]).is_some() => {
+        Strategy::Quantized if caps.shared_scalars => {
             Some("codecs that agree on a shared scalar (terngrad) need the gather strategy")
         }
         Strategy::Stripe if !stripes(codec.id()) => Some(

@@ -358,12 +358,12 @@ impl Exec {
         let mut counts = Vec::with_capacity(items.len());
         for it in items.iter() {
             let codec = it.state.codec.as_ref().expect("gather codec");
-            match codec.local_scalars(it.data) {
-                Some(v) => {
-                    counts.push(Some(v.len()));
-                    scalars.extend(v);
-                }
-                None => counts.push(None),
+            if codec.caps().shared_scalars {
+                let v = codec.local_scalars(it.data);
+                counts.push(Some(v.len()));
+                scalars.extend(v);
+            } else {
+                counts.push(None);
             }
         }
         if counts.iter().any(Option::is_some) {
@@ -438,13 +438,14 @@ impl Exec {
         let mut off = 0u32;
         for it in items.iter_mut() {
             let codec = it.state.codec.as_mut().expect("sparse codec");
-            self.pairs.clear();
-            if !codec.encode_sparse(it.data, &mut self.pairs) {
+            if !codec.caps().sparse {
                 return Err(gradwire_collective::Error::Codec {
                     what: "sparse strategy with a codec that does not sparsify",
                 }
                 .into());
             }
+            self.pairs.clear();
+            codec.encode_sparse(it.data, &mut self.pairs);
             if let (true, Some(u)) = (mask, &mut it.state.velocity) {
                 // Momentum factor masking: zero u at the sent indices.
                 for &i in &self.pairs.indices {

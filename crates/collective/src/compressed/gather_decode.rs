@@ -34,7 +34,8 @@ impl GatherDecode {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if let Some(mut v) = codec.local_scalars(grad) {
+        if codec.caps().shared_scalars {
+            let mut v = codec.local_scalars(grad);
             crate::all_reduce(t, &mut v, ReduceOp::Max, Algorithm::RecursiveDoubling, 64)?;
             codec.set_shared_scalars(&v);
         }

@@ -128,7 +128,7 @@ impl QuantizedAllReduce {
         for step in 0..world - 1 {
             let (sc, rc) = reduce_scatter_step(rank, world, step);
             let (sr, rr) = (self.chunk(sc), self.chunk(rc));
-            if self.rs[sc].local_scalars(&grad[sr.clone()]).is_some() {
+            if self.rs[sc].caps().shared_scalars {
                 return Err(shared_scalar);
             }
             self.rs[sc].encode(&grad[sr], &mut self.send);
@@ -140,7 +140,7 @@ impl QuantizedAllReduce {
         let mid = t.bytes_sent();
         self.rs_bytes += mid - before;
         let mine = self.chunk(rank);
-        if self.ag.local_scalars(&grad[mine.clone()]).is_some() {
+        if self.ag.caps().shared_scalars {
             return Err(shared_scalar);
         }
         self.ag.encode(&grad[mine], &mut self.send);

@@ -58,14 +58,14 @@ impl SparseAllReduce {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        let mut mine = std::mem::take(&mut self.mine);
-        mine.clear();
-        if !codec.encode_sparse(grad, &mut mine) {
-            self.mine = mine;
+        if !codec.caps().sparse {
             return Err(Error::Codec {
-                what: "sparse all-reduce needs a sparsifying codec (encode_sparse)",
+                what: "sparse all-reduce needs a sparsifying codec (caps().sparse)",
             });
         }
+        let mut mine = std::mem::take(&mut self.mine);
+        mine.clear();
+        codec.encode_sparse(grad, &mut mine);
         let res = self.all_reduce_pairs(t, &mine, grad);
         self.mine = mine;
         res?;

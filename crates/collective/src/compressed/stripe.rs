@@ -281,7 +281,12 @@ impl StripeAllReduce {
         let ranges = &self.plan.ranges;
         // Shared scalars (TernGrad): one max all-reduce over every stripe's scalars.
         let scalars: Vec<Option<Vec<f32>>> = (0..world)
-            .map(|j| self.local[j].local_scalars(&grad[ranges[j].clone()]))
+            .map(|j| {
+                let c = &self.local[j];
+                c.caps()
+                    .shared_scalars
+                    .then(|| c.local_scalars(&grad[ranges[j].clone()]))
+            })
             .collect();
         if scalars.iter().any(Option::is_some) {
             let mut flat: Vec<f32> = scalars.iter().flatten().flatten().copied().collect();

@@ -1,6 +1,6 @@
 //! Compressed all-reduces against their references, worlds 1..=8, awkward lengths.
 
-use gradwire_codec::{Codec, CodecId, DecodeError, Header, SparseGrad};
+use gradwire_codec::{Caps, Codec, CodecId, DecodeError, Header, SparseGrad};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rand::{Rng, SeedableRng};
@@ -61,7 +61,13 @@ impl Codec for Thresh1 {
     fn decode_add(&self, _payload: &[u8], _acc: &mut [f32]) -> Result<(), DecodeError> {
         unimplemented!("sparse path only")
     }
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) -> bool {
+    fn caps(&self) -> Caps {
+        Caps {
+            sparse: true,
+            ..Caps::default()
+        }
+    }
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         out.clear();
         for (i, &x) in grad.iter().enumerate() {
             if x.abs() >= 1.0 {
@@ -69,7 +75,6 @@ impl Codec for Thresh1 {
                 out.values.push(x);
             }
         }
-        true
     }
 }
 

@@ -2,7 +2,7 @@
 //! rank's slice quantized once, summed in rank order, the sum quantized once. For every dense
 //! codec of `CodecConfig::examples()`, worlds 1..=8, over `Local` and TCP.
 
-use gradwire_codec::{BuildContext, Codec, CodecConfig, SparseGrad, TensorInfo, TensorRole};
+use gradwire_codec::{BuildContext, Codec, CodecConfig, TensorInfo, TensorRole};
 use rand::{Rng, SeedableRng};
 
 use super::{for_each_transport, local_world, run_world, WorldFactory};
@@ -53,10 +53,7 @@ fn ctx(rank: usize, world: usize, tensors: &[TensorInfo]) -> BuildContext {
 
 /// Dense quantizers: not sparsifying, and not PowerSGD (low rank; its own all-reduce).
 fn dense(cfg: &CodecConfig) -> bool {
-    let mut c = cfg.build(&BuildContext::single(0));
-    !c.encode_sparse(&[1.0, -2.0, 0.5], &mut SparseGrad::default())
-        && cfg.name() != "powersgd"
-        && cfg.name() != "randomk"
+    !cfg.caps().sparse && cfg.name() != "powersgd" && cfg.name() != "randomk"
 }
 
 /// The oracle: for each stripe `j`, each rank `q` quantizes its slice once with its own codec
@@ -90,7 +87,8 @@ fn oracle(
         for (j, r) in ranges.iter().enumerate() {
             // TernGrad: the ranks agree on the max of their scales, per piece.
             let shared = (0..world)
-                .filter_map(|q| local[q][j].local_scalars(&grads[q][r.clone()]))
+                .filter(|&q| local[q][j].caps().shared_scalars)
+                .map(|q| local[q][j].local_scalars(&grads[q][r.clone()]))
                 .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
             let mut sum = vec![0.0f32; r.len()];
             for q in 0..world {
