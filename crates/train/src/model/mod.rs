@@ -473,7 +473,7 @@ impl FromStr for ModelKind {
             "resnet" | "resnet8" | "resnet-8" => Ok(ModelKind::ResNet8),
             "lstm" | "char-lstm" | "charlstm" => Ok(ModelKind::CharLstm),
             _ => Err(Error::Config(format!(
-                "unknown model {s:?} (expected mlp|lenet|resnet|lstm|mlp:hidden=2048x3)"
+                "unknown model {s:?} (expected mlp|lenet|resnet|lstm|mlp:hidden=2048x3|lstm:hidden=128)"
             ))),
         }
     }
@@ -611,7 +611,7 @@ mod tests {
         assert!(err("mlp:hidden=64x9").contains("hidden layers"));
         assert!(err("mlp:hidden=64x4-64x5").contains("hidden layers"));
         assert!(err("mlp:depth=3").contains("unknown mlp option"));
-        assert!(err("lenet:hidden=3").contains("only mlp takes options"));
+        assert!(err("lenet:hidden=3").contains("only mlp and lstm take options"));
         assert!(err("vgg").contains("unknown model"));
         // Every error names the spec it refused.
         assert!(err("mlp:hidden=1-x").contains("1-x"));
