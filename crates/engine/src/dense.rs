@@ -44,13 +44,11 @@ fn rank_order_sum(parts: &[f32], world: usize, out: &mut [f32]) {
     }
 }
 
-/// `x /= n` for every element (nothing for `n <= 1`).
+/// `x /= n` for every element (nothing for `n <= 1`): the collective's divide, bit-identical
+/// to IEEE division (a multiply by the exact `1/n` for powers of two).
 fn divide(out: &mut [f32], n: usize) {
     if n > 1 {
-        let n = n as f32;
-        for o in out.iter_mut() {
-            *o /= n;
-        }
+        <f32 as gradwire_collective::Element>::divide(out, n);
     }
 }
 

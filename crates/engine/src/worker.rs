@@ -684,7 +684,8 @@ impl Worker {
         let mine = gradwire_collective::chunks::range(len, world, rank);
         let m = mine.len();
         if attach {
-            self.spec_parts.clear();
+            // Every part is overwritten below (this rank's here, each peer's on receipt) or
+            // the batch is dropped, so the buffer is sized, not cleared (no memset per step).
             self.spec_parts.resize(world * m, 0.0);
             self.spec_parts[rank * m..(rank + 1) * m].copy_from_slice(&fused[mine.clone()]);
         }
