@@ -80,6 +80,21 @@ pub enum PowerSgdTensor {
     },
 }
 
+impl PowerSgdTensor {
+    /// `(range, rows, cols, transposed)` of a low-rank tensor; `None` for a dense one.
+    fn low_rank(&self) -> Option<(&Range<usize>, usize, usize, bool)> {
+        match self {
+            PowerSgdTensor::LowRank {
+                range,
+                rows,
+                cols,
+                transposed,
+            } => Some((range, *rows, *cols, *transposed)),
+            PowerSgdTensor::Dense { .. } => None,
+        }
+    }
+}
+
 /// The deterministic starting `Q` (`cols x r`, row-major) of tensor `tensor` at `step`
 /// (`step` is 0 with warm start): uniform in `[-1, 1)`, the same on every rank.
 pub fn initial_q(seed: u64, tensor: usize, step: u64, cols: usize, r: usize) -> Vec<f32> {
@@ -322,26 +337,28 @@ impl PowerSgdAllReduce {
         }
         // All-reduce 1: every P_i = M_i Q, then the dense tensors.
         self.buf1.clear();
-        let (mut k, mut vat) = (0, 0);
-        for tn in &self.tensors {
-            if let PowerSgdTensor::LowRank {
+        let mut vat = 0;
+        for (k, (range, rows, cols, transposed)) in self
+            .tensors
+            .iter()
+            .filter_map(PowerSgdTensor::low_rank)
+            .enumerate()
+        {
+            let m = row_major(
                 range,
-                rows,
-                cols,
+                rows * cols,
                 transposed,
-            } = tn
-            {
-                let len = rows * cols;
-                let m = row_major(range, len, *transposed, &self.m, &self.view, &mut vat);
-                let q = &self.q[k];
-                for i in 0..*rows {
-                    let row = &m[i * cols..(i + 1) * cols];
-                    for c in 0..r {
-                        self.buf1
-                            .push((0..*cols).map(|j| row[j] * q[j * r + c]).sum::<f32>());
-                    }
+                &self.m,
+                &self.view,
+                &mut vat,
+            );
+            let q = &self.q[k];
+            for i in 0..rows {
+                let row = &m[i * cols..(i + 1) * cols];
+                for c in 0..r {
+                    self.buf1
+                        .push((0..cols).map(|j| row[j] * q[j * r + c]).sum::<f32>());
                 }
-                k += 1;
             }
         }
         for tn in &self.tensors {
@@ -355,32 +372,32 @@ impl PowerSgdAllReduce {
         // Orthogonalize each P; all-reduce 2: every Q_i = M_i^T P^.
         self.buf2.clear();
         let (mut at, mut vat) = (0, 0);
-        for tn in &self.tensors {
-            if let PowerSgdTensor::LowRank {
+        for (range, rows, cols, transposed) in
+            self.tensors.iter().filter_map(PowerSgdTensor::low_rank)
+        {
+            let m = row_major(
                 range,
-                rows,
-                cols,
+                rows * cols,
                 transposed,
-            } = tn
-            {
-                let len = rows * cols;
-                let m = row_major(range, len, *transposed, &self.m, &self.view, &mut vat);
-                let p = &mut self.buf1[at..at + rows * r];
-                orthogonalize(p, *rows, r);
-                let q0 = self.buf2.len();
-                self.buf2.resize(q0 + cols * r, 0.0);
-                let q = &mut self.buf2[q0..];
-                for i in 0..*rows {
-                    let row = &m[i * cols..(i + 1) * cols];
-                    for c in 0..r {
-                        let pic = p[i * r + c];
-                        for j in 0..*cols {
-                            q[j * r + c] += row[j] * pic;
-                        }
+                &self.m,
+                &self.view,
+                &mut vat,
+            );
+            let p = &mut self.buf1[at..at + rows * r];
+            orthogonalize(p, rows, r);
+            let q0 = self.buf2.len();
+            self.buf2.resize(q0 + cols * r, 0.0);
+            let q = &mut self.buf2[q0..];
+            for i in 0..rows {
+                let row = &m[i * cols..(i + 1) * cols];
+                for c in 0..r {
+                    let pic = p[i * r + c];
+                    for j in 0..cols {
+                        q[j * r + c] += row[j] * pic;
                     }
                 }
-                at += rows * r;
             }
+            at += rows * r;
         }
         if !self.buf2.is_empty() {
             crate::all_reduce(t, &mut self.buf2, ReduceOp::Sum, algo, seg)?;

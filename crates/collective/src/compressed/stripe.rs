@@ -355,23 +355,8 @@ impl StripeAllReduce {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gradwire_codec::TensorRole;
 
-    fn lenet() -> Vec<TensorInfo> {
-        use TensorRole::*;
-        vec![
-            TensorInfo::new([6, 1, 5, 5], ConvWeight),
-            TensorInfo::new([6], Bias),
-            TensorInfo::new([16, 6, 5, 5], ConvWeight),
-            TensorInfo::new([16], Bias),
-            TensorInfo::new([256, 120], LinearWeight),
-            TensorInfo::new([120], Bias),
-            TensorInfo::new([120, 84], LinearWeight),
-            TensorInfo::new([84], Bias),
-            TensorInfo::new([84, 10], Output),
-            TensorInfo::new([10], Output),
-        ]
-    }
+    use crate::tests::lenet_28 as lenet;
 
     /// Stripes cover the gradient in order, cut only at allowed places, and describe their
     /// pieces consistently.

@@ -14,6 +14,25 @@ mod real_codecs;
 mod stripe;
 
 /// A world factory: builds `n` connected ranks.
+/// LeNet-5's parameters on 28x28 inputs without padding (fc1 takes 16 x 4 x 4 = 256), in
+/// burn's layouts (Linear weights `[in, out]`), the last layer's weight and bias as the output
+/// layer: the shapes the stripe tests cut columns from.
+pub(crate) fn lenet_28() -> Vec<gradwire_codec::TensorInfo> {
+    use gradwire_codec::{TensorInfo, TensorRole::*};
+    vec![
+        TensorInfo::new([6, 1, 5, 5], ConvWeight),
+        TensorInfo::new([6], Bias),
+        TensorInfo::new([16, 6, 5, 5], ConvWeight),
+        TensorInfo::new([16], Bias),
+        TensorInfo::new([256, 120], LinearWeight),
+        TensorInfo::new([120], Bias),
+        TensorInfo::new([120, 84], LinearWeight),
+        TensorInfo::new([84], Bias),
+        TensorInfo::new([84, 10], Output),
+        TensorInfo::new([10], Output),
+    ]
+}
+
 pub(crate) type WorldFactory = dyn Fn(usize) -> Vec<Box<dyn Transport>> + Sync;
 
 /// An in-process world of `n` ranks.

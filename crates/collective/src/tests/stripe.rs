@@ -229,21 +229,7 @@ for_each_transport!(stripe_lossless, lossless_equals_dense);
 #[test]
 fn stripe_bytes_vs_gather_and_ring() {
     let world = 4;
-    let lenet = {
-        use TensorRole::*;
-        vec![
-            TensorInfo::new([6, 1, 5, 5], ConvWeight),
-            TensorInfo::new([6], Bias),
-            TensorInfo::new([16, 6, 5, 5], ConvWeight),
-            TensorInfo::new([16], Bias),
-            TensorInfo::new([256, 120], LinearWeight),
-            TensorInfo::new([120], Bias),
-            TensorInfo::new([120, 84], LinearWeight),
-            TensorInfo::new([84], Bias),
-            TensorInfo::new([84, 10], Output),
-            TensorInfo::new([10], Output),
-        ]
-    };
+    let lenet = super::lenet_28();
     let mlp = vec![
         TensorInfo::new([1024, 1024], TensorRole::LinearWeight),
         TensorInfo::new([1024], TensorRole::Bias),
