@@ -25,21 +25,52 @@ use gradwire_collective::hierarchical::Group;
 use gradwire_collective::{chunks, Algorithm, Result};
 use gradwire_transport::Transport;
 
-/// `out[k] = (((parts[0][k] + parts[1][k]) + ...) + parts[P-1][k]) / P`, where `parts` holds
-/// the `P = world` ranks' parts of one chunk one after another (`out.len()` floats each):
-/// every element summed in rank order, row by row (contiguous loops, no strided reads).
-pub(crate) fn rank_order_mean(parts: &[f32], world: usize, out: &mut [f32]) {
-    rank_order_sum(parts, world, out);
-    divide(out, world);
+/// `out[k] = (((parts[0][k] + parts[1][k]) + ...) + parts[P-1][k]) / P` for the `P` ranks'
+/// parts of one chunk (`out.len()` floats each), wherever they lie: every element summed in
+/// rank order, part by part (contiguous loops, no strided reads).
+pub(crate) fn rank_order_mean(parts: &[&[f32]], out: &mut [f32]) {
+    rank_order_sum(parts, out);
+    divide(out, parts.len());
 }
 
-/// [`rank_order_mean`] without the division.
-fn rank_order_sum(parts: &[f32], world: usize, out: &mut [f32]) {
-    let m = out.len();
-    out.copy_from_slice(&parts[..m]);
-    for part in parts[m..world * m].chunks_exact(m.max(1)) {
-        for (o, x) in out.iter_mut().zip(part) {
-            *o += *x;
+/// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
+/// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
+/// for the baseline and for AVX2 and picked at run time, like the collective's adder: the
+/// same additions in the same order either way, so the bits do not depend on the CPU.
+fn rank_order_sum(parts: &[&[f32]], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { rank_order_sum_avx2(parts, out) };
+        return;
+    }
+    rank_order_sum_generic(parts, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rank_order_sum_avx2(parts: &[&[f32]], out: &mut [f32]) {
+    rank_order_sum_generic(parts, out)
+}
+
+#[inline(always)]
+fn rank_order_sum_generic(parts: &[&[f32]], out: &mut [f32]) {
+    const BLOCK: usize = 512;
+    match parts {
+        [] => {}
+        [p0] => out.copy_from_slice(&p0[..out.len()]),
+        [p0, p1, rest @ ..] => {
+            for (i, o) in out.chunks_mut(BLOCK).enumerate() {
+                let r = i * BLOCK..i * BLOCK + o.len();
+                for ((o, a), b) in o.iter_mut().zip(&p0[r.clone()]).zip(&p1[r.clone()]) {
+                    *o = *a + *b;
+                }
+                for p in rest {
+                    for (o, x) in o.iter_mut().zip(&p[r.clone()]) {
+                        *o += *x;
+                    }
+                }
+            }
         }
     }
 }
@@ -88,7 +119,8 @@ fn reduce_scatter_sum<T: Transport + ?Sized>(
             )?;
         }
     }
-    rank_order_sum(scratch, world, &mut buf[mine.clone()]);
+    let parts: Vec<&[f32]> = scratch.chunks_exact(m.max(1)).take(world).collect();
+    rank_order_sum(&parts, &mut buf[mine.clone()]);
     Ok(mine)
 }
 

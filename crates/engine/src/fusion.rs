@@ -175,14 +175,16 @@ impl Exec {
         self.hosts.as_ref().map_or(0, |h| h.bytes_sent())
     }
 
-    /// The fusion buffer, emptied (give it back with [`Exec::give_back`]).
-    pub(crate) fn take_fused(&mut self) -> Vec<f32> {
+    /// The fusion buffer at `len` floats, not cleared (its contents are unspecified: for a
+    /// caller that overwrites every element before reading it; give it back with
+    /// [`Exec::give_back`]).
+    pub(crate) fn take_fused_sized(&mut self, len: usize) -> Vec<f32> {
         let mut f = std::mem::take(&mut self.fused);
-        f.clear();
+        f.resize(len, 0.0);
         f
     }
 
-    /// Returns the fusion buffer taken by [`Exec::take_fused`].
+    /// Returns the fusion buffer taken by [`Exec::take_fused_sized`].
     pub(crate) fn give_back(&mut self, fused: Vec<f32>) {
         self.fused = fused;
     }

@@ -96,12 +96,16 @@ pub use stats::{
 pub use timeline::{merge_traces, now_us, Phase, Span};
 pub use wire::{Descriptor, OpKind};
 
-/// Fuzzing entry: decodes a negotiation message and a descriptor list from `buf` as if rank
-/// `peer` had sent them; every input must give a value or a typed error, never a panic.
+/// Fuzzing entry: decodes a negotiation message, a descriptor list and a speculative-round
+/// exchange from `buf` as if rank `peer` had sent them; every input must give a value or a
+/// typed error, never a panic.
 #[doc(hidden)]
 pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
     let _ = wire::Message::decode(peer, buf);
     let _ = wire::decode_list(peer, buf);
+    // The speculative exchange, with the part length taken from the input's first byte.
+    let part_len = buf.first().map_or(0, |&b| usize::from(b));
+    let _ = wire::decode_exchange(peer, buf, part_len);
 }
 
 use worker::{lock, Queue, Shared, Submission, Worker};
@@ -389,6 +393,15 @@ impl Engine {
     /// Bytes, stragglers, stall reports and cycle count so far.
     pub fn stats(&self) -> EngineStats {
         lock(&self.shared.stats).clone()
+    }
+
+    /// The round counters alone, without copying the records that grow over a run: negotiation
+    /// rounds ([`EngineStats::cycles`]), fused collectives run
+    /// ([`StragglerSummary::collectives`]) and
+    /// speculative rounds ([`EngineStats::speculative_rounds`]).
+    pub fn rounds(&self) -> (u64, u64, u64) {
+        let st = lock(&self.shared.stats);
+        (st.cycles, st.stragglers.collectives, st.speculative_rounds)
     }
 
     /// The byte counters alone ([`EngineStats::bytes`]), without copying the per-step and

@@ -9,6 +9,20 @@
 //! descriptor: u16 len, name | u8 op (0 all_reduce, 1 all_gather, 2 broadcast) | u8 dtype
 //!             (0 = f32) | u32 root | u32 ndims, ndims x u64 | u16 len, policy (codec@strategy)
 //! ```
+//!
+//! The speculative round's exchange (one per step of that round, see `worker.rs`) wraps a
+//! message and, when the sender has the whole speculative batch pending, its part of the
+//! receiver's chunk:
+//!
+//! ```text
+//! exchange:   u32 len | len bytes: message | u8 attached (0 or 1)
+//!             | zero bytes up to a multiple of 4 from the exchange's start (0..=3)
+//!             | attached = 1: part_len x f32 (the sender's floats, as in memory)
+//! ```
+//! The padding puts the floats on a 4-byte boundary of the receive buffer, so the receiver
+//! sums them where they arrived ([`decode_exchange`] hands them out as bytes; the caller
+//! reinterprets them in place when the buffer is aligned, and copies otherwise).
+//!
 //! Decoding is total: a short or malformed message is an [`Error::Protocol`] naming the rank.
 
 use crate::error::{Error, Result};
@@ -291,9 +305,112 @@ pub(crate) fn decode_list(peer: usize, buf: &[u8]) -> Result<Vec<Descriptor>> {
     Ok(list)
 }
 
+/// Padding after an exchange header of `header` bytes (`4 + len + 1`), up to a multiple of 4.
+fn exchange_pad(header: usize) -> usize {
+    (4 - header % 4) % 4
+}
+
+/// Writes an exchange's header (length, message, flag, padding) into `out` (cleared first);
+/// with `attached`, the sender then sends its part right after it (as a separate piece).
+pub(crate) fn encode_exchange_header(msg: &[u8], attached: bool, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    out.extend_from_slice(msg);
+    out.push(u8::from(attached));
+    let pad = exchange_pad(out.len());
+    out.resize(out.len() + pad, 0);
+}
+
+/// Decodes an exchange whose part, when attached, is `part_len` floats: the message, and the
+/// part's bytes (`4 * part_len`, starting at a multiple of 4 from `buf`'s start) if attached.
+pub(crate) fn decode_exchange(
+    peer: usize,
+    buf: &[u8],
+    part_len: usize,
+) -> Result<(&[u8], Option<&[u8]>)> {
+    let mut r = Reader::new(peer, buf);
+    let n = r.u32()? as usize;
+    let msg = r.bytes(n)?;
+    let attached = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(r.err("bad speculation flag")),
+    };
+    if r.bytes(exchange_pad(4 + n + 1))?.iter().any(|&b| b != 0) {
+        return Err(r.err("non-zero padding in a negotiation exchange"));
+    }
+    let part = if attached {
+        let bytes = part_len
+            .checked_mul(4)
+            .ok_or_else(|| r.err("part length overflows"))?;
+        Some(r.bytes(bytes)?)
+    } else {
+        None
+    };
+    if r.remaining() != 0 {
+        return Err(r.err("trailing bytes in a negotiation exchange"));
+    }
+    Ok((msg, part))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The exchange layout written out by hand (not with the encoder), every message length
+    /// mod 4, with and without a part; every truncation and a trailing byte are refused.
+    #[test]
+    fn exchange_layout_by_hand() {
+        for n in 0..8usize {
+            for attached in [false, true] {
+                let msg: Vec<u8> = (0..n as u8).map(|b| b.wrapping_mul(37)).collect();
+                let part = [1.5f32, -2.0, 3.25];
+                let mut want = (n as u32).to_le_bytes().to_vec();
+                want.extend_from_slice(&msg);
+                want.push(attached as u8);
+                while !want.len().is_multiple_of(4) {
+                    want.push(0);
+                }
+                let mut header = Vec::new();
+                encode_exchange_header(&msg, attached, &mut header);
+                assert_eq!(header, want, "n {n} attached {attached}");
+                if attached {
+                    for x in part {
+                        want.extend_from_slice(&x.to_ne_bytes());
+                    }
+                }
+                let (m, p) = decode_exchange(3, &want, part.len()).unwrap();
+                assert_eq!(m, &msg[..]);
+                assert_eq!(p.map(|b| b.len()), attached.then_some(12));
+                if let Some(b) = p {
+                    let floats: Vec<f32> = b
+                        .chunks_exact(4)
+                        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(floats, part);
+                    assert_eq!((b.as_ptr() as usize - want.as_ptr() as usize) % 4, 0);
+                }
+                for cut in 0..want.len() {
+                    assert!(
+                        matches!(
+                            decode_exchange(3, &want[..cut], part.len()),
+                            Err(Error::Protocol { peer: 3, .. })
+                        ),
+                        "n {n} attached {attached} cut {cut}"
+                    );
+                }
+                let mut long = want.clone();
+                long.push(0);
+                assert!(decode_exchange(3, &long, part.len()).is_err());
+            }
+        }
+        // A flag other than 0 or 1, and non-zero padding.
+        assert!(decode_exchange(0, &[0, 0, 0, 0, 2, 0, 0, 0], 0).is_err());
+        assert!(decode_exchange(0, &[0, 0, 0, 0, 0, 0, 1, 0], 0).is_err());
+        assert!(decode_exchange(0, &[0, 0, 0, 0, 0, 0, 0, 0], 0).is_ok());
+        // A huge part length is refused, not allocated.
+        assert!(decode_exchange(0, &[0, 0, 0, 0, 1, 0, 0, 0], usize::MAX).is_err());
+    }
 
     #[test]
     fn message_round_trips_and_rejects_garbage() {

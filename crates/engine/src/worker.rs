@@ -73,7 +73,7 @@ use crate::fusion::{plan_groups, Clock, Exec, Item, Kind, TensorState};
 use crate::handle::Slot;
 use crate::stats::{EngineStats, StallReport, StragglerRecord};
 use crate::timeline::{now_us, Phase, Span};
-use crate::wire::{Descriptor, Message, OpKind, Reader};
+use crate::wire::{Descriptor, Message, OpKind};
 use gradwire_collective::Algorithm;
 
 /// One submitted operation, waiting in the queue or pending negotiation.
@@ -195,8 +195,12 @@ pub(crate) struct Worker {
     /// The speculative batch (see [`Worker::negotiate`]): ids of the registered dense
     /// tensors, when they qualify; empty otherwise. The same on every rank.
     spec: Vec<usize>,
-    /// Each rank's part of the speculative batch's owned chunk, `world * chunk` floats.
+    /// This rank's part of its own chunk of the speculative batch.
+    own_part: Vec<f32>,
+    /// Peers' parts that arrived off a 4-byte boundary, copied out (`world * chunk` floats).
     spec_parts: Vec<f32>,
+    /// The speculative round's receive buffer per peer (each part is summed where it lands).
+    rd_recvs: Vec<Vec<u8>>,
     /// Rounds this rank has attached the current batch in.
     spec_tries: u32,
     /// When this rank last joined a round.
@@ -317,6 +321,55 @@ pub(crate) fn idle_check_period(cfg: &EngineConfig) -> Duration {
     (deadline / 4).clamp(cycle * 10, Duration::from_secs(1).max(cycle * 10))
 }
 
+/// Calls `f(tensor, range inside it)` for each piece of the batch's element range `r`
+/// (the batch being `batch`'s tensors laid end to end), in order.
+fn for_pieces(
+    batch: &[&[f32]],
+    r: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, std::ops::Range<usize>),
+) {
+    let mut off = 0;
+    for (i, t) in batch.iter().enumerate() {
+        let (lo, hi) = (r.start.max(off), r.end.min(off + t.len()));
+        if lo < hi {
+            f(i, lo - off..hi - off);
+        }
+        off += t.len();
+        if off >= r.end {
+            break;
+        }
+    }
+}
+
+/// Appends the bytes of the batch's element range `r` to `out`, one slice per tensor it
+/// touches (a vectored send's pieces; nothing copied).
+fn byte_pieces<'a>(batch: &[&'a [f32]], r: std::ops::Range<usize>, out: &mut Vec<&'a [u8]>) {
+    for_pieces(batch, r, |i, p| {
+        out.push(bytemuck::cast_slice(&batch[i][p]))
+    });
+}
+
+/// Copies the batch's element range `r` into `out` (`r.len()` floats).
+fn copy_range(batch: &[&[f32]], r: std::ops::Range<usize>, out: &mut [f32]) {
+    let mut at = 0;
+    for_pieces(batch, r, |i, p| {
+        out[at..at + p.len()].copy_from_slice(&batch[i][p.clone()]);
+        at += p.len();
+    });
+}
+
+/// `bytes` (a peer's floats as they arrived) read as floats: in place when they start on a
+/// 4-byte boundary, otherwise copied into `spare` (as many floats).
+fn floats_in_place<'a>(bytes: &'a [u8], spare: &'a mut [f32]) -> &'a [f32] {
+    match bytemuck::try_cast_slice(bytes) {
+        Ok(f) => f,
+        Err(_) => {
+            bytemuck::cast_slice_mut::<f32, u8>(spare).copy_from_slice(bytes);
+            spare
+        }
+    }
+}
+
 /// Rounds per submission of the speculative batch in which a rank attaches its parts: the
 /// first (the one a rank that submitted early waits in) and one more (in case another
 /// rank's stall check took that round); after that the batch goes the normal way, so a rank
@@ -356,7 +409,9 @@ impl Worker {
             rd_recv: Vec::new(),
             announced_shutdown: false,
             spec: Vec::new(),
+            own_part: Vec::new(),
             spec_parts: Vec::new(),
+            rd_recvs: Vec::new(),
             spec_tries: 0,
             last: Instant::now(),
         };
@@ -654,7 +709,14 @@ impl Worker {
     /// (every rank sees the same flags) and the cycle goes on as usual. Without a speculative
     /// batch: the small all-gather of `rd_gather`.
     ///
-    /// Returns the fused batch with this rank's chunk reduced, and the part bytes sent.
+    /// Copies: the parts go out straight from the submissions' buffers (one vectored send per
+    /// step, header first: `wire::encode_exchange_header`), each peer's part is summed where
+    /// it landed in that peer's receive buffer, and only this rank's own part is copied (into
+    /// `own_part`); nothing is fused before the round (session 7's version fused the batch,
+    /// assembled every send, and copied each received part out: 4x the batch against 0.25x).
+    ///
+    /// Returns the fusion buffer with this rank's chunk reduced (the other chunks are left for
+    /// the all-gather to overwrite), and the part bytes sent.
     fn negotiate(&mut self) -> Result<Option<(Vec<f32>, u64)>> {
         let (rank, world) = (self.rank, self.world);
         if self.spec.is_empty() {
@@ -673,70 +735,75 @@ impl Worker {
                 .iter()
                 .all(|&id| self.pending.contains_key(&self.entries[id].desc.name));
         self.spec_tries += u32::from(attach);
-        let mut fused = self.exec.take_fused();
-        if attach {
-            for &id in &self.spec {
-                let (sub, _) = &self.pending[&self.entries[id].desc.name];
-                fused.extend_from_slice(&sub.data);
-            }
-        }
+        // The batch where it was submitted: parts are sent straight from the submissions'
+        // buffers (vectored), nothing is fused before the round.
+        let batch: Vec<&[f32]> = if attach {
+            self.spec
+                .iter()
+                .map(|&id| &self.pending[&self.entries[id].desc.name].0.data[..])
+                .collect()
+        } else {
+            Vec::new()
+        };
         let len: usize = self.spec.iter().map(|&id| self.entries[id].len).sum();
         let mine = gradwire_collective::chunks::range(len, world, rank);
         let m = mine.len();
         if attach {
-            // Every part is overwritten below (this rank's here, each peer's on receipt) or
-            // the batch is dropped, so the buffer is sized, not cleared (no memset per step).
-            self.spec_parts.resize(world * m, 0.0);
-            self.spec_parts[rank * m..(rank + 1) * m].copy_from_slice(&fused[mine.clone()]);
+            self.own_part.resize(m, 0.0); // every element overwritten here
+            copy_range(&batch, mine.clone(), &mut self.own_part);
         }
         self.gathered.resize_with(world, Vec::new);
         self.gathered[rank].clear();
         self.gathered[rank].extend_from_slice(&self.msg_buf);
-        let mut all = attach;
+        self.rd_recvs.resize_with(world, Vec::new);
+        // Where each peer's part starts in its receive buffer.
+        let mut part_at = vec![None; world];
         let mut part_bytes = 0u64;
         for s in 1..world {
             let (to, from) = ((rank + s) % world, (rank + world - s) % world);
-            let send = &mut self.rd_send;
-            send.clear();
-            send.extend_from_slice(&(self.msg_buf.len() as u32).to_le_bytes());
-            send.extend_from_slice(&self.msg_buf);
-            send.push(u8::from(attach));
+            crate::wire::encode_exchange_header(&self.msg_buf, attach, &mut self.rd_send);
+            let mut pieces: Vec<&[u8]> = vec![&self.rd_send];
             if attach {
-                let part = &fused[gradwire_collective::chunks::range(len, world, to)];
-                send.extend_from_slice(bytemuck::cast_slice(part));
-                part_bytes += 4 * part.len() as u64;
+                let r = gradwire_collective::chunks::range(len, world, to);
+                part_bytes += 4 * r.len() as u64;
+                byte_pieces(&batch, r, &mut pieces);
             }
+            let recv = &mut self.rd_recvs[from];
             self.t
-                .send_recv(to, send, from, &mut self.rd_recv)
+                .send_recv_parts(to, &pieces, from, recv)
                 .map_err(gradwire_collective::Error::from)?;
-            let mut r = Reader::new(from, &self.rd_recv);
-            let n = r.u32()? as usize;
-            let b = r.bytes(n)?;
+            let (msg, part) = crate::wire::decode_exchange(from, recv, m)?;
             self.gathered[from].clear();
-            self.gathered[from].extend_from_slice(b);
-            match r.u8()? {
-                0 => all = false,
-                1 => {
-                    let b = r.bytes(4 * m)?;
-                    if attach {
-                        // The sender's `cast_slice` bytes, back into floats (one copy).
-                        bytemuck::cast_slice_mut::<f32, u8>(
-                            &mut self.spec_parts[from * m..(from + 1) * m],
-                        )
-                        .copy_from_slice(b);
-                    }
-                }
-                _ => return Err(r.err("bad speculation flag")),
-            }
-            if r.remaining() != 0 {
-                return Err(r.err("trailing bytes in a negotiation exchange"));
-            }
+            self.gathered[from].extend_from_slice(msg);
+            part_at[from] = part.map(|p| p.as_ptr() as usize - recv.as_ptr() as usize);
         }
-        if !all {
-            self.exec.give_back(fused);
+        if !attach
+            || part_at
+                .iter()
+                .enumerate()
+                .any(|(r, p)| r != rank && p.is_none())
+        {
             return Ok(None);
         }
-        crate::dense::rank_order_mean(&self.spec_parts, world, &mut fused[mine]);
+        // Each peer's part is summed where it arrived (a part off a 4-byte boundary, which
+        // the padding makes rare, is copied out first).
+        self.spec_parts.resize(world * m, 0.0);
+        let mut spare = self.spec_parts.chunks_mut(m.max(1));
+        let mut parts: Vec<&[f32]> = Vec::with_capacity(world);
+        for (r, at) in part_at.iter().enumerate() {
+            let sp: &mut [f32] = if m == 0 {
+                &mut []
+            } else {
+                spare.next().expect("one spare chunk per rank")
+            };
+            parts.push(match *at {
+                None => &self.own_part,
+                Some(at) => floats_in_place(&self.rd_recvs[r][at..at + 4 * m], sp),
+            });
+        }
+        // Only this rank's chunk is written here; the all-gather fills the rest.
+        let mut fused = self.exec.take_fused_sized(len);
+        crate::dense::rank_order_mean(&parts, &mut fused[mine]);
         Ok(Some((fused, part_bytes)))
     }
 
@@ -1038,6 +1105,60 @@ impl Worker {
                 tensor: name,
                 missing_ranks: missing,
             }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batch's pieces for every range equal the same range of the tensors concatenated
+    /// by hand, as bytes (what a vectored send puts on the wire) and as a copy.
+    #[test]
+    fn batch_ranges_equal_the_concatenation() {
+        let tensors: Vec<Vec<f32>> = [5usize, 0, 1, 7, 3]
+            .iter()
+            .enumerate()
+            .map(|(t, &n)| (0..n).map(|i| (t * 100 + i) as f32).collect())
+            .collect();
+        let batch: Vec<&[f32]> = tensors.iter().map(Vec::as_slice).collect();
+        let mut whole = Vec::new();
+        for t in &tensors {
+            whole.extend_from_slice(t);
+        }
+        for lo in 0..=whole.len() {
+            for hi in lo..=whole.len() {
+                let mut pieces = Vec::new();
+                byte_pieces(&batch, lo..hi, &mut pieces);
+                assert!(pieces.iter().all(|p| !p.is_empty()), "{lo}..{hi}");
+                let bytes: Vec<u8> = pieces.concat();
+                assert_eq!(bytes, bytemuck::cast_slice::<f32, u8>(&whole[lo..hi]));
+                let mut out = vec![f32::NAN; hi - lo];
+                copy_range(&batch, lo..hi, &mut out);
+                assert_eq!(out, whole[lo..hi]);
+            }
+        }
+    }
+
+    /// Floats read where they arrived, and copied out when they are off a 4-byte boundary.
+    #[test]
+    fn floats_in_place_and_off_boundary() {
+        let want = [1.5f32, -0.25, 3.0e-7];
+        let mut buf = [0u8; 4 + 12 + 4];
+        let aligned = (4 - buf.as_ptr() as usize % 4) % 4;
+        for (off, copied) in [(aligned, false), (aligned + 1, true), (aligned + 2, true)] {
+            for (i, x) in want.iter().enumerate() {
+                buf[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_ne_bytes());
+            }
+            let mut spare = [f32::NAN; 3];
+            let got = floats_in_place(&buf[off..off + 12], &mut spare).to_vec();
+            assert_eq!(got, want, "offset {off}");
+            assert_eq!(
+                spare == want,
+                copied,
+                "offset {off}: copied only when off a boundary"
+            );
         }
     }
 }

@@ -84,6 +84,21 @@ pub trait Transport: Send {
         copy_exact(from, &buf, out)
     }
 
+    /// [`Transport::send_recv`] with the message given in pieces: sends their concatenation
+    /// as one message (the receiver cannot tell the difference), so the caller need not
+    /// assemble it. The default assembles it and calls `send_recv`; the TCP transport writes
+    /// the pieces straight from the caller's buffers with vectored writes.
+    fn send_recv_parts(
+        &mut self,
+        to: usize,
+        parts: &[&[u8]],
+        from: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        let msg = parts.concat();
+        self.send_recv(to, &msg, from, buf)
+    }
+
     /// The deadline applied to each blocking call.
     fn timeout(&self) -> Duration;
 
@@ -153,6 +168,15 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
         (**self).send_recv_into(to, msg, from, out)
+    }
+    fn send_recv_parts(
+        &mut self,
+        to: usize,
+        parts: &[&[u8]],
+        from: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        (**self).send_recv_parts(to, parts, from, buf)
     }
     fn timeout(&self) -> Duration {
         (**self).timeout()

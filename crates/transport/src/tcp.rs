@@ -204,7 +204,7 @@ impl Transport for Tcp {
     }
 
     fn send(&mut self, to: usize, msg: &[u8]) -> Result<()> {
-        self.transfer(Some((to, msg)), None)
+        self.transfer(Some((to, &[msg])), None)
     }
 
     fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> Result<()> {
@@ -212,7 +212,7 @@ impl Transport for Tcp {
     }
 
     fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()> {
-        self.transfer(Some((to, msg)), Some((from, Sink::Vec(buf))))
+        self.transfer(Some((to, &[msg])), Some((from, Sink::Vec(buf))))
     }
 
     fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
@@ -220,7 +220,18 @@ impl Transport for Tcp {
     }
 
     fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        self.transfer(Some((to, msg)), Some((from, Sink::Slice(out))))
+        self.transfer(Some((to, &[msg])), Some((from, Sink::Slice(out))))
+    }
+
+    /// One frame, its header and every piece written with vectored writes (no assembly).
+    fn send_recv_parts(
+        &mut self,
+        to: usize,
+        parts: &[&[u8]],
+        from: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.transfer(Some((to, parts)), Some((from, Sink::Vec(buf))))
     }
 
     fn timeout(&self) -> Duration {
@@ -338,6 +349,56 @@ mod tests {
             assert_eq!(right as usize, (me + 1) % n);
             assert_eq!(sent, 16 << 20);
         }
+    }
+
+    /// A message sent in pieces arrives as their concatenation: more pieces than one
+    /// `writev` takes, empty pieces, and pieces of several MiB (partial writes mid-piece);
+    /// bytes_sent counts the payload; a reused receive buffer that shrinks and grows again
+    /// holds exactly each message; an oversized total is refused before anything is sent.
+    #[test]
+    fn pieces_arrive_as_their_concatenation() {
+        let n = 3;
+        let got = run(loopback_world(n).unwrap(), move |mut t| {
+            let me = t.rank();
+            let (to, from) = ((me + 1) % n, (me + n - 1) % n);
+            // Piece i of sender r: i*7 + r bytes of value (r * 40 + i) (piece 0 empty for r 0).
+            let pieces_of = |r: usize, count: usize, big: bool| -> Vec<Vec<u8>> {
+                (0..count)
+                    .map(|i| {
+                        let len = if big && i % 5 == 2 {
+                            (3 << 20) + i
+                        } else {
+                            i * 7 + r
+                        };
+                        vec![(r * 40 + i) as u8; len]
+                    })
+                    .collect()
+            };
+            let mut buf = Vec::new();
+            let mut checked = 0;
+            for (count, big) in [(40, false), (1, false), (0, false), (23, true), (3, false)] {
+                let mine = pieces_of(me, count, big);
+                let refs: Vec<&[u8]> = mine.iter().map(Vec::as_slice).collect();
+                let before = t.bytes_sent();
+                t.send_recv_parts(to, &refs, from, &mut buf).unwrap();
+                let sent: usize = mine.iter().map(Vec::len).sum();
+                assert_eq!(t.bytes_sent() - before, sent as u64);
+                let want: Vec<u8> = pieces_of(from, count, big).concat();
+                assert_eq!(buf.len(), want.len(), "count {count} big {big}");
+                assert!(buf == want, "count {count} big {big}: bytes differ");
+                checked += 1;
+            }
+            t.max_frame = 1000;
+            let err = t
+                .send_recv_parts(to, &[&[0u8; 600][..], &[0u8; 600][..]], from, &mut buf)
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::FrameTooLarge { len: 1200, .. }),
+                "{err}"
+            );
+            checked
+        });
+        assert_eq!(got, vec![5; n]);
     }
 
     #[test]

@@ -269,57 +269,77 @@ fn bench_runs_every_case() {
 
 /// The registered dense batch submitted at once is reduced in the negotiation round itself
 /// (speculation), bit for bit as the normal path (naive rank-order mean), and ranks that
-/// submit at different times fall back to the normal path with the same bits.
+/// submit at different times fall back to the normal path with the same bits. Over the
+/// in-process transport and over TCP (whose vectored sends carry the parts).
 #[test]
 fn speculative_batch_is_bit_identical_and_used() {
-    let tensors = vec![
-        TensorSpec::new("w", [13, 7]),
-        TensorSpec::new("b", [13]),
-        TensorSpec::new("v", [50]),
-    ];
-    for n in [2usize, 3, 4, 5] {
-        for late in [false, true] {
-            let out = world(n, |t| {
-                let rank = t.rank();
-                let e = Engine::start(t, EngineConfig::default(), &tensors).unwrap();
-                let mut res = Vec::new();
-                for step in 0..4 {
-                    if late && rank == n - 1 && step % 2 == 1 {
-                        std::thread::sleep(Duration::from_millis(15));
+    for tcp in [false, true] {
+        for n in [2usize, 3, 4, 5] {
+            for late in [false, true] {
+                let run = |t: Box<dyn Transport>| speculative_steps(t, late);
+                let out = if tcp {
+                    super::tcp_world(n, run)
+                } else {
+                    world(n, |t| run(Box::new(t)))
+                };
+                for (res, st) in &out {
+                    for (step, r) in res.iter().enumerate() {
+                        for (i, s) in spec_tensors().iter().enumerate() {
+                            let inputs: Vec<_> =
+                                (0..n).map(|q| grad(q, step, i, s.len())).collect();
+                            assert_eq!(
+                                super::bits(&r[i]),
+                                super::bits(&super::naive_mean(&inputs)),
+                                "tcp={tcp} P={n} late={late} step {step} tensor {i}"
+                            );
+                        }
                     }
-                    let hs = e.all_reduce_batch(
-                        tensors
-                            .iter()
-                            .enumerate()
-                            .map(|(i, s)| (s.name.clone(), grad(rank, step, i, s.len())))
-                            .collect(),
-                    );
-                    res.push(
-                        hs.into_iter()
-                            .map(|h| h.wait().unwrap())
-                            .collect::<Vec<_>>(),
-                    );
-                }
-                let st = e.stats();
-                e.shutdown().unwrap();
-                (res, st)
-            });
-            for (res, st) in &out {
-                for (step, r) in res.iter().enumerate() {
-                    for (i, s) in tensors.iter().enumerate() {
-                        let inputs: Vec<_> = (0..n).map(|q| grad(q, step, i, s.len())).collect();
-                        assert_eq!(
-                            super::bits(&r[i]),
-                            super::bits(&super::naive_mean(&inputs)),
-                            "P={n} late={late} step {step} tensor {i}"
-                        );
+                    assert_eq!(st.steps.iter().map(|s| s.tensors).sum::<u64>(), 12);
+                    if !late {
+                        assert!(st.speculative_rounds >= 1, "tcp={tcp} P={n}: {st:?}");
                     }
-                }
-                assert_eq!(st.steps.iter().map(|s| s.tensors).sum::<u64>(), 12);
-                if !late {
-                    assert!(st.speculative_rounds >= 1, "P={n}: {st:?}");
                 }
             }
         }
     }
+}
+
+fn spec_tensors() -> Vec<TensorSpec> {
+    vec![
+        TensorSpec::new("w", [13, 7]),
+        TensorSpec::new("b", [13]),
+        TensorSpec::new("v", [50]),
+    ]
+}
+
+/// Four steps of the speculative test on one rank (the last rank late every other step
+/// with `late`): each step's results and the engine's stats.
+fn speculative_steps(
+    t: Box<dyn Transport>,
+    late: bool,
+) -> (Vec<Vec<Vec<f32>>>, crate::EngineStats) {
+    let tensors = spec_tensors();
+    let (rank, n) = (t.rank(), t.world_size());
+    let e = Engine::start(t, EngineConfig::default(), &tensors).unwrap();
+    let mut res = Vec::new();
+    for step in 0..4 {
+        if late && rank == n - 1 && step % 2 == 1 {
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        let hs = e.all_reduce_batch(
+            tensors
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.name.clone(), grad(rank, step, i, s.len())))
+                .collect(),
+        );
+        res.push(
+            hs.into_iter()
+                .map(|h| h.wait().unwrap())
+                .collect::<Vec<_>>(),
+        );
+    }
+    let st = e.stats();
+    e.shutdown().unwrap();
+    (res, st)
 }

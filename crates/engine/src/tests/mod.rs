@@ -32,6 +32,24 @@ pub(crate) fn world<R: Send>(n: usize, f: impl Fn(Local) -> R + Sync) -> Vec<R> 
 }
 
 /// Small f32 values with a fractional part (so summation order matters for rounding).
+/// [`world`] over the TCP transport (loopback), each rank's transport boxed.
+pub(crate) fn tcp_world<R: Send>(n: usize, f: impl Fn(Box<dyn Transport>) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = gradwire_transport::tcp::loopback_world(n)
+            .expect("loopback world")
+            .into_iter()
+            .map(|mut t| {
+                let f = &f;
+                t.set_timeout(Duration::from_secs(10));
+                s.spawn(move || f(Box::new(t)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
 pub(crate) fn grad(rank: usize, step: usize, tensor: usize, len: usize) -> Vec<f32> {
     (0..len)
         .map(|i| {

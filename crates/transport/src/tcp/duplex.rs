@@ -18,14 +18,27 @@ pub(super) enum Sink<'a> {
     Slice(&'a mut [u8]),
 }
 
-/// Bytes to write on one connection: `head` then `body` (a frame header and its payload,
-/// or what is left of a posted frame).
+/// Bytes to write on one connection: `head` then the pieces of `body` in order (a frame
+/// header and its payload, or what is left of a posted frame).
 #[derive(Clone, Copy)]
 struct Out<'a> {
     to: usize,
     head: &'a [u8],
-    body: &'a [u8],
+    body: &'a [&'a [u8]],
 }
+
+impl Out<'_> {
+    fn len(&self) -> usize {
+        self.head.len() + body_len(self.body)
+    }
+}
+
+fn body_len(body: &[&[u8]]) -> usize {
+    body.iter().map(|p| p.len()).sum()
+}
+
+/// Most pieces handed to one `writev` (the rest go in the next call of the same loop).
+const MAX_IOV: usize = 16;
 
 /// A ring step posted with [`SplitStep::post`]: its frame is written up to `sent` bytes
 /// (header included); the rest is written from the caller's bytes at completion, no copy.
@@ -41,7 +54,7 @@ impl Tcp {
     /// Drives one send and/or one receive to completion with `poll(2)`.
     pub(super) fn transfer(
         &mut self,
-        send: Option<(usize, &[u8])>,
+        send: Option<(usize, &[&[u8]])>,
         recv: Option<(usize, Sink<'_>)>,
     ) -> Result<()> {
         if self.posted.is_some() {
@@ -63,25 +76,25 @@ impl Tcp {
         res
     }
 
-    fn check_send(&self, to: usize, msg: &[u8]) -> Result<[u8; FRAME_HEADER_LEN]> {
+    fn check_send(&self, to: usize, len: usize) -> Result<[u8; FRAME_HEADER_LEN]> {
         self.check_peer(to)?;
-        if msg.len() as u64 > self.max_frame {
+        if len as u64 > self.max_frame {
             return Err(Error::FrameTooLarge {
                 peer: to,
-                len: msg.len() as u64,
+                len: len as u64,
                 max: self.max_frame,
             });
         }
-        Ok(FrameHeader::Data(msg.len() as u32).encode())
+        Ok(FrameHeader::Data(len as u32).encode())
     }
 
     fn checked_transfer(
         &mut self,
-        send: Option<(usize, &[u8])>,
+        send: Option<(usize, &[&[u8]])>,
         recv: Option<(usize, Sink<'_>)>,
     ) -> Result<()> {
         let header = match send {
-            Some((to, msg)) => Some(self.check_send(to, msg)?),
+            Some((to, msg)) => Some(self.check_send(to, body_len(msg))?),
             None => None,
         };
         if let Some((from, _)) = &recv {
@@ -92,7 +105,7 @@ impl Tcp {
             .map(|((to, body), h)| Out { to, head: h, body });
         self.drive(out, recv)?;
         if let Some((_, msg)) = send {
-            self.bytes_sent += msg.len() as u64;
+            self.bytes_sent += body_len(msg) as u64;
         }
         Ok(())
     }
@@ -100,15 +113,26 @@ impl Tcp {
     /// Writes as much of `out` from byte `sent` on as the socket takes without blocking;
     /// returns the new count and whether anything moved.
     fn write_some(&mut self, out: Out<'_>, mut sent: usize) -> Result<(usize, bool)> {
-        let total = out.head.len() + out.body.len();
+        let total = out.len();
         let mut progressed = false;
         let stream = self.peers[out.to].as_mut().expect("checked peer");
         while sent < total {
-            let r = if sent < out.head.len() {
-                stream.write_vectored(&[IoSlice::new(&out.head[sent..]), IoSlice::new(out.body)])
-            } else {
-                stream.write(&out.body[sent - out.head.len()..])
-            };
+            // The unsent rest of head and body, as up to MAX_IOV slices (no allocation).
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let (mut n, mut skip) = (0, sent);
+            for piece in std::iter::once(out.head).chain(out.body.iter().copied()) {
+                if skip >= piece.len() {
+                    skip -= piece.len();
+                    continue;
+                }
+                iov[n] = IoSlice::new(&piece[skip..]);
+                skip = 0;
+                n += 1;
+                if n == MAX_IOV {
+                    break;
+                }
+            }
+            let r = stream.write_vectored(&iov[..n]);
             match r {
                 Ok(0) => {
                     return Err(Error::PeerClosed {
@@ -131,7 +155,7 @@ impl Tcp {
     /// Drives `out` (if any) and one received frame (if any) to completion.
     fn drive(&mut self, out: Option<Out<'_>>, recv: Option<(usize, Sink<'_>)>) -> Result<()> {
         let mut sent = 0usize; // bytes of header + payload written
-        let send_total = out.map_or(0, |o| o.head.len() + o.body.len());
+        let send_total = out.map_or(0, |o| o.len());
 
         let mut rhead = [0u8; FRAME_HEADER_LEN];
         let mut rgot = 0usize; // header bytes, then header + payload bytes
@@ -186,10 +210,10 @@ impl Tcp {
                             if rgot == FRAME_HEADER_LEN && rtotal.is_none() {
                                 let len = self.parse_header(from, &rhead)?;
                                 match sink {
-                                    Sink::Vec(v) => {
-                                        v.clear();
-                                        v.resize(len, 0);
-                                    }
+                                    // Every byte is overwritten by the read below, so
+                                    // only growth is zeroed (no memset of the whole
+                                    // buffer per message).
+                                    Sink::Vec(v) => v.resize(len, 0),
                                     Sink::Slice(s) if s.len() != len => {
                                         return Err(Error::SizeMismatch {
                                             peer: from,
@@ -372,17 +396,20 @@ impl SplitStep for Tcp {
                 what: "complete_into was given other bytes than the posted step",
             });
         }
+        let body = [msg];
+        let rest_of_msg;
         let rest = if p.sent < FRAME_HEADER_LEN {
             Out {
                 to: p.to,
                 head: &p.header[p.sent..],
-                body: msg,
+                body: &body,
             }
         } else {
+            rest_of_msg = [&msg[p.sent - FRAME_HEADER_LEN..]];
             Out {
                 to: p.to,
                 head: &[],
-                body: &msg[p.sent - FRAME_HEADER_LEN..],
+                body: &rest_of_msg,
             }
         };
         let res = self.drive(Some(rest), Some((p.from, Sink::Slice(out))));
@@ -395,13 +422,14 @@ impl SplitStep for Tcp {
 
 impl Tcp {
     fn post_inner(&mut self, to: usize, msg: &[u8], from: usize) -> Result<()> {
-        let header = self.check_send(to, msg)?;
+        let header = self.check_send(to, msg.len())?;
         self.check_peer(from)?;
         self.partial_send = Some(to);
+        let body = [msg];
         let out = Out {
             to,
             head: &header,
-            body: msg,
+            body: &body,
         };
         let (sent, _) = self.write_some(out, 0)?;
         if sent == FRAME_HEADER_LEN + msg.len() {
