@@ -3,9 +3,10 @@
 //!
 //! - `per_tensor`: one blocking `Collectives::all_reduce` (mean) per tensor, in order;
 //! - `flat`: copy every tensor into one buffer, one blocking all-reduce, copy back;
-//! - `engine`: submit every tensor to an [`Engine`] (non-blocking, one `all_reduce` each, as a
-//!   backward pass would), [`Engine::flush`], then wait on all handles (negotiation, fusion and
-//!   the engine's dense all-reduce included).
+//! - `engine`: submit every tensor to an [`Engine`] as one burst and wait on all handles
+//!   (negotiation, fusion and the engine's dense all-reduce included), as `gradwire train`'s
+//!   synchronous step does ([`Engine::all_reduce_batch_unflushed`]: the waiting thread runs
+//!   the round; a flush would also wake the progress thread, for nothing).
 //!
 //! Every rank must call [`run`] with the same case and repetitions.
 
@@ -216,12 +217,13 @@ pub fn run<T: Transport + 'static>(
         // taken from the ranks still timing.
         let s0 = engine.rounds();
         let t0 = Instant::now();
-        let handles: Vec<_> = tensors
-            .iter()
-            .zip(g.drain(..))
-            .map(|(t, x)| engine.all_reduce(&t.name, x))
-            .collect();
-        engine.flush();
+        let handles = engine.all_reduce_batch_unflushed(
+            tensors
+                .iter()
+                .zip(g.drain(..))
+                .map(|(t, x)| (t.name.clone(), x))
+                .collect(),
+        );
         for h in handles {
             g.push(h.wait()?);
         }

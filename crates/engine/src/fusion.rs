@@ -175,20 +175,6 @@ impl Exec {
         self.hosts.as_ref().map_or(0, |h| h.bytes_sent())
     }
 
-    /// The fusion buffer at `len` floats, not cleared (its contents are unspecified: for a
-    /// caller that overwrites every element before reading it; give it back with
-    /// [`Exec::give_back`]).
-    pub(crate) fn take_fused_sized(&mut self, len: usize) -> Vec<f32> {
-        let mut f = std::mem::take(&mut self.fused);
-        f.resize(len, 0.0);
-        f
-    }
-
-    /// Returns the fusion buffer taken by [`Exec::take_fused_sized`].
-    pub(crate) fn give_back(&mut self, fused: Vec<f32>) {
-        self.fused = fused;
-    }
-
     /// Runs one group (all items of one kind) and leaves each item's result in its `data`.
     pub(crate) fn run(
         &mut self,

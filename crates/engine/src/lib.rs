@@ -224,13 +224,23 @@ impl Engine {
     /// [`Engine::all_reduce`] of several tensors, queued at once and flushed (so the next
     /// round sees all of them and can fuse them); handles in the same order.
     pub fn all_reduce_batch(&self, tensors: Vec<(String, Vec<f32>)>) -> Vec<Handle> {
+        let handles = self.all_reduce_batch_unflushed(tensors);
+        self.flush();
+        handles
+    }
+
+    /// [`Engine::all_reduce_batch`] without the flush: for a caller that waits on one of the
+    /// handles right away. The waiting thread then runs the round itself and the progress
+    /// thread is not woken at all (a flush wakes it, and it wakes again after its grace
+    /// period to find the burst taken: two context switches per step on a busy host). A
+    /// burst nobody waits on still starts within ten cycles; a caller that computes before
+    /// waiting should use `all_reduce_batch`, whose flush starts the round meanwhile.
+    pub fn all_reduce_batch_unflushed(&self, tensors: Vec<(String, Vec<f32>)>) -> Vec<Handle> {
         let items = tensors
             .into_iter()
             .map(|(name, data)| (self.all_reduce_descriptor(&name, data.len()), data))
             .collect();
-        let handles = self.submit_many(items);
-        self.flush();
-        handles
+        self.submit_many(items)
     }
 
     /// Says that this burst of submissions is complete (e.g. backward is done) and wakes the

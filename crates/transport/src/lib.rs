@@ -99,6 +99,22 @@ pub trait Transport: Send {
         self.send_recv(to, &msg, from, buf)
     }
 
+    /// [`Transport::send_recv_parts`] receiving straight into the pieces of `out`, in order,
+    /// whose lengths must add up to the incoming message's (otherwise
+    /// [`Error::SizeMismatch`]). The default receives into a buffer and copies; the TCP
+    /// transport reads into the pieces.
+    fn send_recv_parts_into(
+        &mut self,
+        to: usize,
+        parts: &[&[u8]],
+        from: usize,
+        out: &mut [&mut [u8]],
+    ) -> Result<()> {
+        let mut buf = Vec::new();
+        self.send_recv_parts(to, parts, from, &mut buf)?;
+        scatter_exact(from, &buf, out)
+    }
+
     /// The deadline applied to each blocking call.
     fn timeout(&self) -> Duration;
 
@@ -132,6 +148,25 @@ pub trait SplitStep {
     /// Finishes the posted step: completes the send of `msg` (the bytes given to `post`), and
     /// receives the message from `from` into `out`, which must be its exact length.
     fn complete_into(&mut self, msg: &[u8], out: &mut [u8]) -> Result<()>;
+}
+
+/// Copies a received message into pieces of exactly its total length, or reports the
+/// mismatch.
+fn scatter_exact(from: usize, buf: &[u8], out: &mut [&mut [u8]]) -> Result<()> {
+    let expected: usize = out.iter().map(|p| p.len()).sum();
+    if buf.len() != expected {
+        return Err(Error::SizeMismatch {
+            peer: from,
+            expected,
+            got: buf.len(),
+        });
+    }
+    let mut at = 0;
+    for p in out.iter_mut() {
+        p.copy_from_slice(&buf[at..at + p.len()]);
+        at += p.len();
+    }
+    Ok(())
 }
 
 /// Copies a received message into an exact-size buffer, or reports the mismatch.
@@ -178,6 +213,15 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     ) -> Result<()> {
         (**self).send_recv_parts(to, parts, from, buf)
     }
+    fn send_recv_parts_into(
+        &mut self,
+        to: usize,
+        parts: &[&[u8]],
+        from: usize,
+        out: &mut [&mut [u8]],
+    ) -> Result<()> {
+        (**self).send_recv_parts_into(to, parts, from, out)
+    }
     fn timeout(&self) -> Duration {
         (**self).timeout()
     }
@@ -204,5 +248,48 @@ mod tests {
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect();
         assert_eq!(ranks[0].world_size(), 1);
+    }
+
+    /// The default piecewise send and receive (the in-process transport has no override):
+    /// pieces arrive as their concatenation, receive pieces cut differently are filled in
+    /// order, and receive pieces of the wrong total are a typed error.
+    #[test]
+    fn default_pieces_are_the_concatenation() {
+        let got: Vec<(Vec<u8>, Vec<u8>, bool)> = std::thread::scope(|s| {
+            let hs: Vec<_> = local::Local::world(2)
+                .into_iter()
+                .map(|mut t| {
+                    s.spawn(move || {
+                        let me = t.rank() as u8;
+                        let other = 1 - t.rank();
+                        let (a, b) = ([me; 3], [me + 10; 2]);
+                        let mut buf = Vec::new();
+                        t.send_recv_parts(other, &[&a, &[], &b], other, &mut buf)
+                            .unwrap();
+                        let (mut x, mut y) = ([0u8; 1], [0u8; 4]);
+                        t.send_recv_parts_into(
+                            other,
+                            &[&b, &a],
+                            other,
+                            &mut [&mut x, &mut [], &mut y],
+                        )
+                        .unwrap();
+                        let into: Vec<u8> = x.iter().chain(&y).copied().collect();
+                        let mut short = [0u8; 4];
+                        let err = t
+                            .send_recv_parts_into(other, &[&a, &b], other, &mut [&mut short])
+                            .unwrap_err();
+                        let typed = matches!(
+                            err,
+                            Error::SizeMismatch { peer, expected: 4, got: 5 } if peer == other
+                        );
+                        (buf, into, typed)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got[0], (vec![1, 1, 1, 11, 11], vec![11, 11, 1, 1, 1], true));
+        assert_eq!(got[1], (vec![0, 0, 0, 10, 10], vec![10, 10, 0, 0, 0], true));
     }
 }

@@ -234,6 +234,17 @@ impl Transport for Tcp {
         self.transfer(Some((to, parts)), Some((from, Sink::Vec(buf))))
     }
 
+    /// Vectored writes out, reads straight into the pieces.
+    fn send_recv_parts_into(
+        &mut self,
+        to: usize,
+        parts: &[&[u8]],
+        from: usize,
+        out: &mut [&mut [u8]],
+    ) -> Result<()> {
+        self.transfer(Some((to, parts)), Some((from, Sink::Pieces(out))))
+    }
+
     fn timeout(&self) -> Duration {
         self.timeout
     }
@@ -354,7 +365,8 @@ mod tests {
     /// A message sent in pieces arrives as their concatenation: more pieces than one
     /// `writev` takes, empty pieces, and pieces of several MiB (partial writes mid-piece);
     /// bytes_sent counts the payload; a reused receive buffer that shrinks and grows again
-    /// holds exactly each message; an oversized total is refused before anything is sent.
+    /// holds exactly each message, and so do receive pieces cut differently from the sent
+    /// ones; pieces of the wrong total and an oversized message are typed errors.
     #[test]
     fn pieces_arrive_as_their_concatenation() {
         let n = 3;
@@ -386,8 +398,35 @@ mod tests {
                 let want: Vec<u8> = pieces_of(from, count, big).concat();
                 assert_eq!(buf.len(), want.len(), "count {count} big {big}");
                 assert!(buf == want, "count {count} big {big}: bytes differ");
+                // The same message read straight into pieces of other sizes (empty ones
+                // included), as the receiver cuts them.
+                let mut cuts: Vec<Vec<u8>> = Vec::new();
+                let mut left = want.len();
+                for i in 0.. {
+                    let n = [0usize, 1, 5, 4096, 3 << 20][i % 5].min(left);
+                    cuts.push(vec![0xEE; n]);
+                    left -= n;
+                    if left == 0 {
+                        break;
+                    }
+                }
+                let mut outs: Vec<&mut [u8]> = cuts.iter_mut().map(Vec::as_mut_slice).collect();
+                t.send_recv_parts_into(to, &refs, from, &mut outs).unwrap();
+                assert!(
+                    cuts.concat() == want,
+                    "count {count} big {big}: pieces differ"
+                );
                 checked += 1;
             }
+            // Pieces that do not add up to the message: a typed error naming the sender.
+            let mut short = [0u8; 3];
+            let err = t
+                .send_recv_parts_into(to, &[&[1u8; 4][..]], from, &mut [&mut short[..]])
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::SizeMismatch { peer, expected: 3, got: 4 } if peer == from),
+                "{err}"
+            );
             t.max_frame = 1000;
             let err = t
                 .send_recv_parts(to, &[&[0u8; 600][..], &[0u8; 600][..]], from, &mut buf)

@@ -125,8 +125,9 @@ impl EngineSync {
 
 impl EngineSync {
     /// Submits every tensor of `grads` (output layer first, as a backward pass produces
-    /// them) as one flushed burst; the handles wait in `in_flight`.
-    fn submit(&mut self, grads: &[f32]) -> Result<()> {
+    /// them) as one burst, flushed when the caller goes on computing (`flush`; otherwise the
+    /// caller's first wait runs the round); the handles wait in `in_flight`.
+    fn submit(&mut self, grads: &[f32], flush: bool) -> Result<()> {
         let total: usize = self.ranges.last().map_or(0, |r| r.end);
         if grads.len() != total {
             return Err(Error::LengthMismatch {
@@ -140,17 +141,20 @@ impl EngineSync {
         self.step += 1;
         let wire_before = engine.bytes().wire_bytes;
         let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
-        let handles = engine.all_reduce_batch(
-            order
-                .iter()
-                .map(|&i| {
-                    (
-                        self.names[i].clone(),
-                        grads[self.ranges[i].clone()].to_vec(),
-                    )
-                })
-                .collect(),
-        );
+        let batch = order
+            .iter()
+            .map(|&i| {
+                (
+                    self.names[i].clone(),
+                    grads[self.ranges[i].clone()].to_vec(),
+                )
+            })
+            .collect();
+        let handles = if flush {
+            engine.all_reduce_batch(batch)
+        } else {
+            engine.all_reduce_batch_unflushed(batch)
+        };
         self.in_flight = Some((order.into_iter().zip(handles).collect(), wire_before));
         Ok(())
     }
@@ -227,7 +231,7 @@ impl GradientSync for EngineSync {
             ));
         }
         let t0 = Instant::now();
-        self.submit(grads)?;
+        self.submit(grads, false)?;
         self.collect(grads, on_ready, t0)
     }
 
@@ -237,7 +241,7 @@ impl GradientSync for EngineSync {
                 "start_sync while the previous averaging is still in flight".into(),
             ));
         }
-        self.submit(grads)
+        self.submit(grads, true)
     }
 
     fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {

@@ -13,9 +13,23 @@ use super::Tcp;
 use crate::{Error, Op, Result, SplitStep};
 
 /// Where a receive puts its payload.
-pub(super) enum Sink<'a> {
+pub(super) enum Sink<'a, 'b> {
     Vec(&'a mut Vec<u8>),
     Slice(&'a mut [u8]),
+    /// Consecutive pieces of exactly the message's length.
+    Pieces(&'a mut [&'b mut [u8]]),
+}
+
+/// The unfilled rest of the piece that holds payload byte `off` (empty past the end: never
+/// asked for, the caller stops at the message's length).
+fn piece_at<'p>(pieces: &'p mut [&mut [u8]], mut off: usize) -> &'p mut [u8] {
+    for p in pieces.iter_mut() {
+        if off < p.len() {
+            return &mut p[off..];
+        }
+        off -= p.len();
+    }
+    &mut []
 }
 
 /// Bytes to write on one connection: `head` then the pieces of `body` in order (a frame
@@ -55,7 +69,7 @@ impl Tcp {
     pub(super) fn transfer(
         &mut self,
         send: Option<(usize, &[&[u8]])>,
-        recv: Option<(usize, Sink<'_>)>,
+        recv: Option<(usize, Sink<'_, '_>)>,
     ) -> Result<()> {
         if self.posted.is_some() {
             return Err(Error::Misuse {
@@ -91,7 +105,7 @@ impl Tcp {
     fn checked_transfer(
         &mut self,
         send: Option<(usize, &[&[u8]])>,
-        recv: Option<(usize, Sink<'_>)>,
+        recv: Option<(usize, Sink<'_, '_>)>,
     ) -> Result<()> {
         let header = match send {
             Some((to, msg)) => Some(self.check_send(to, body_len(msg))?),
@@ -153,7 +167,7 @@ impl Tcp {
     }
 
     /// Drives `out` (if any) and one received frame (if any) to completion.
-    fn drive(&mut self, out: Option<Out<'_>>, recv: Option<(usize, Sink<'_>)>) -> Result<()> {
+    fn drive(&mut self, out: Option<Out<'_>>, recv: Option<(usize, Sink<'_, '_>)>) -> Result<()> {
         let mut sent = 0usize; // bytes of header + payload written
         let send_total = out.map_or(0, |o| o.len());
 
@@ -195,6 +209,7 @@ impl Tcp {
                         match sink {
                             Sink::Vec(v) => stream.read(&mut v[off..end]),
                             Sink::Slice(s) => stream.read(&mut s[off..end]),
+                            Sink::Pieces(ps) => stream.read(piece_at(ps, off)),
                         }
                     };
                     match r {
@@ -222,6 +237,16 @@ impl Tcp {
                                         });
                                     }
                                     Sink::Slice(_) => {}
+                                    Sink::Pieces(ps) => {
+                                        let expected = ps.iter().map(|p| p.len()).sum();
+                                        if expected != len {
+                                            return Err(Error::SizeMismatch {
+                                                peer: from,
+                                                expected,
+                                                got: len,
+                                            });
+                                        }
+                                    }
                                 }
                                 rtotal = Some(FRAME_HEADER_LEN + len);
                             }
