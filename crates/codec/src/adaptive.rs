@@ -51,7 +51,7 @@
 //! all-gathered and summed exactly (numerically the stripe exchange with a lossless owner
 //! leg: same epoch-1 loss and accuracy, measured); with
 //! `--momentum-correction on` it reaches 87.47 / 88.19 / 87.92% in seeds 1 / 2 / 3 (dense
-//! 87.63 / 89.04 / 88.69%), at 5.3-5.5x instead of the stripes' 11-14x.
+//! 87.63 / 89.04 / 88.69%), at 5.3-5.5x instead of the stripes' 10-14x.
 //!
 //! Wire layout (little-endian):
 //! ```text
