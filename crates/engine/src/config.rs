@@ -135,10 +135,13 @@ fn is_paper_powersgd(codec: &CodecConfig) -> bool {
 /// How a `Dense` tensor (or a fused buffer of them) is summed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DenseAlgorithm {
-    /// Reduce-scatter by pairwise exchange, each element summed at its owner in rank order
-    /// `((g0 + g1) + g2) + ...`, then ring all-gather. Every element's rounding is independent
-    /// of its position in the buffer, so fused and unfused results are bit-identical (and
-    /// equal to a naive rank-order sum). Same bytes as the ring: `2 (P-1)/P` of the buffer.
+    /// An order fixed by the world alone (see `dense.rs`): on power-of-two worlds the
+    /// hypercube tree of recursive halving (`(g0 + g2) + (g1 + g3)` on 4 ranks; the same bits
+    /// as `Tree`, `2 log2 P` messages), on other worlds rank order `((g0 + g1) + g2) + ...`
+    /// by pairwise exchange and the ring all-gather. Every element's rounding is independent
+    /// of its position in the buffer, so fused and unfused results are bit-identical. Same
+    /// bytes as the ring: `2 (P-1)/P` of the buffer. The registered dense batch is reduced
+    /// in the negotiation round itself (the speculative round, `worker.rs`).
     #[default]
     Canonical,
     /// Always the collective layer's Rabenseifner all-reduce (recursive halving, then

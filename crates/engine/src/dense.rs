@@ -1,15 +1,27 @@
-//! The canonical-order dense all-reduce ([`DenseAlgorithm::Canonical`](crate::DenseAlgorithm)).
+//! The canonical-order dense all-reduce ([`DenseAlgorithm::Canonical`](crate::DenseAlgorithm)):
+//! every element summed in an order fixed by the world alone, whatever its position in the
+//! buffer, so that fusing tensors into one buffer, or changing the world's chunking, leaves
+//! every result bit for bit unchanged.
 //!
-//! Reduce-scatter by pairwise exchange: at step `s` (1..P) rank `r` sends its part of chunk
-//! `r + s` to that chunk's owner while receiving, from rank `r - s`, that rank's part of its own
-//! chunk `r` (one `send_recv`, so no deadlock at any size). The owner keeps every rank's part
-//! and sums element `i` in rank order, `((g0[i] + g1[i]) + g2[i]) + ...`, then divides by P;
-//! an all-gather (a copy, no arithmetic: recursive doubling on power-of-two worlds, else the
-//! ring) spreads the chunks. An element's rounding thus
-//! never depends on where it sits in the buffer: fusing tensors into one buffer, or changing
-//! the world's chunking, leaves every result bit for bit unchanged. Bytes per rank as the
-//! ring: `2 (P-1)/P` of the buffer; `P-1 + log2 P` messages on power-of-two worlds, `2 (P-1)`
-//! otherwise (segmented by `seg_bytes`).
+//! - **Power-of-two worlds: the hypercube tree.** Rabenseifner's recursive halving (partner
+//!   at distance `P/2` first, each rank adding its partner's partial to its own), then
+//!   recursive doubling: element `i` is `T(0, 1) / P` with `T(a, m) = T(a, 2m) + T(a + m, 2m)`
+//!   and `T(a, P) = g_a`, i.e. `(g0 + g2) + (g1 + g3)` on 4 ranks. `2 log2 P` messages (the
+//!   fewest of any schedule here), `2 (P-1)/P` of the buffer per rank. The same bits as
+//!   [`DenseAlgorithm::Tree`](crate::DenseAlgorithm) (the collective layer's Rabenseifner),
+//!   which this calls. The speculative round (`worker.rs`) reproduces it in the negotiation
+//!   round.
+//! - **Other worlds: rank order.** Reduce-scatter by pairwise exchange: at step `s` (1..P)
+//!   rank `r` sends its part of chunk `r + s` to that chunk's owner while receiving, from rank
+//!   `r - s`, that rank's part of its own chunk `r` (one `send_recv`, so no deadlock at any
+//!   size). The owner keeps every rank's part and sums element `i` in rank order,
+//!   `((g0[i] + g1[i]) + g2[i]) + ...`, then divides by P; the ring all-gather (a copy, no
+//!   arithmetic) spreads the chunks. `2 (P-1)` messages (segmented by `seg_bytes`), the
+//!   ring's bytes.
+//!
+//! Until session 8 the rank order held on every world (`P-1 + log2 P` messages on power-of-two
+//! worlds): one exchange more than the tree at `P = 4`, each coupling all ranks, which cost
+//! the engine its LeNet step against a flat Rabenseifner all-reduce on an oversubscribed host.
 //!
 //! [`hierarchical_mean`]: the same arithmetic when the job spans several hosts (see
 //! `hosts.rs`): rank order within each host over its local link, then host order across the
@@ -124,7 +136,7 @@ fn reduce_scatter_sum<T: Transport + ?Sized>(
     Ok(mine)
 }
 
-/// Mean over ranks of `buf`, summed in rank order (see the module doc). `scratch` is reused.
+/// Mean over ranks of `buf` in the canonical order (see the module doc). `scratch` is reused.
 pub(crate) fn canonical_mean<T: Transport + ?Sized>(
     t: &mut T,
     buf: &mut [f32],
@@ -135,11 +147,18 @@ pub(crate) fn canonical_mean<T: Transport + ?Sized>(
     if world == 1 {
         return Ok(());
     }
+    if world.is_power_of_two() {
+        return gradwire_collective::all_reduce(
+            t,
+            buf,
+            gradwire_collective::ReduceOp::Mean,
+            Algorithm::Rabenseifner,
+            seg_bytes,
+        );
+    }
     let mine = reduce_scatter_sum(t, buf, seg_bytes, scratch)?;
     divide(&mut buf[mine], world);
-    // A copy, no arithmetic: any all-gather gives the same bits. Recursive doubling on
-    // power-of-two worlds (`log2 P` steps instead of the ring's `P-1`; same chunks), the ring
-    // otherwise.
+    // A copy, no arithmetic: any all-gather gives the same bits (the ring: not a power of two).
     gradwire_collective::all_gather(t, buf, Algorithm::Rabenseifner, seg_bytes)
 }
 
@@ -231,8 +250,30 @@ mod tests {
     use super::*;
     use gradwire_transport::local::Local;
 
+    /// The canonical order written naively: the hypercube tree `T(a, m) = T(a, 2m) +
+    /// T(a + m, 2m)` on power-of-two worlds, rank order otherwise; then `/ P`.
+    fn reference(g: &dyn Fn(usize) -> f32, world: usize) -> f32 {
+        fn tree(g: &dyn Fn(usize) -> f32, a: usize, m: usize, p: usize) -> f32 {
+            if m == p {
+                g(a)
+            } else {
+                tree(g, a, 2 * m, p) + tree(g, a + m, 2 * m, p)
+            }
+        }
+        let sum = if world.is_power_of_two() {
+            tree(g, 0, 1, world)
+        } else {
+            (1..world).fold(g(0), |s, q| s + g(q))
+        };
+        if world > 1 {
+            sum / world as f32
+        } else {
+            sum
+        }
+    }
+
     #[test]
-    fn equals_rank_order_sum_bitwise() {
+    fn equals_the_canonical_order_bitwise() {
         for world in [1, 2, 3, 4, 5, 8] {
             for len in [0, 1, 4, 13, 100] {
                 let g = |r: usize, i: usize| ((r * 31 + i * 7) % 23) as f32 * 0.1 - 1.1;
@@ -251,11 +292,7 @@ mod tests {
                 });
                 for (r, b) in got.iter().enumerate() {
                     for (i, v) in b.iter().enumerate() {
-                        let mut want = g(0, i);
-                        for q in 1..world {
-                            want += g(q, i);
-                        }
-                        let want = if world > 1 { want / world as f32 } else { want };
+                        let want = reference(&|q| g(q, i), world);
                         assert_eq!(
                             v.to_bits(),
                             want.to_bits(),
@@ -264,6 +301,14 @@ mod tests {
                     }
                 }
             }
+        }
+        // The data tells the two orders apart on 4 and 8 ranks (so the test can fail).
+        for p in [4usize, 8] {
+            assert!((0..100).any(|i| {
+                let g = |r: usize| ((r * 31 + i * 7) % 23) as f32 * 0.1 - 1.1;
+                let rank_order = (1..p).fold(g(0), |s, q| s + g(q)) / p as f32;
+                reference(&g, p).to_bits() != rank_order.to_bits()
+            }));
         }
     }
 }

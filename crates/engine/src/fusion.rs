@@ -3,8 +3,9 @@
 //!
 //! **Fused and unfused results are bit-identical**, by construction, per strategy:
 //! - *dense* with [`DenseAlgorithm::Canonical`](crate::DenseAlgorithm): every element is summed
-//!   in rank order whatever its position in the buffer (see `dense.rs`); with
-//!   `DenseAlgorithm::Tree` (always Rabenseifner) along the same hypercube tree. With
+//!   in an order set by the world alone (the hypercube tree on power-of-two worlds, rank order
+//!   otherwise) whatever its position in the buffer (see `dense.rs`); with
+//!   `DenseAlgorithm::Tree` (always Rabenseifner) along the hypercube tree. With
 //!   `DenseAlgorithm::Collective` this does **not** hold (a ring sums an element in an order
 //!   set by its chunk), and is not claimed.
 //! - *gather*: codec state and encoding stay per tensor; only the payloads are concatenated

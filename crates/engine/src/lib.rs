@@ -106,6 +106,8 @@ pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
     // The speculative exchange, with the part length taken from the input's first byte.
     let part_len = buf.first().map_or(0, |&b| usize::from(b));
     let _ = wire::decode_exchange(peer, buf, part_len);
+    let count = buf.get(1).map_or(0, |&b| usize::from(b % 9));
+    let _ = wire::decode_tree_exchange(peer, buf, 8, count, |r| r % 2 == 1, part_len);
 }
 
 use worker::{lock, Queue, Shared, Submission, Worker};

@@ -19,6 +19,17 @@
 //!             | zero bytes up to a multiple of 4 from the exchange's start (0..=3)
 //!             | attached = 1: part_len x f32 (the sender's floats, as in memory)
 //! ```
+//! On power-of-two worlds the round follows recursive halving instead, and each step's
+//! exchange carries every message its sender knows so far (its own, then those it received
+//! in earlier steps: `P / 2m` of them at the step with partner distance `m`):
+//!
+//! ```text
+//! tree step:  u32 count | count x (u32 rank | u32 len | len bytes: that rank's message)
+//!             | u8 attached (0 or 1: the sender and every rank it carries attached)
+//!             | zero bytes up to a multiple of 4 from the exchange's start (0..=3)
+//!             | attached = 1: the sender's partial sums of the receiver's half, as f32
+//! ```
+//!
 //! The padding puts the floats on a 4-byte boundary of the receive buffer, so the receiver
 //! sums them where they arrived ([`decode_exchange`] hands them out as bytes; the caller
 //! reinterprets them in place when the buffer is aligned, and copies otherwise).
@@ -353,9 +364,129 @@ pub(crate) fn decode_exchange(
     Ok((msg, part))
 }
 
+/// Writes a tree step's header (messages with their ranks, flag, padding) into `out`
+/// (cleared first); the sender's floats follow as a separate piece when `attached`.
+pub(crate) fn encode_tree_header<'a>(
+    msgs: impl ExactSizeIterator<Item = (usize, &'a [u8])>,
+    attached: bool,
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.extend_from_slice(&(msgs.len() as u32).to_le_bytes());
+    for (rank, m) in msgs {
+        out.extend_from_slice(&(rank as u32).to_le_bytes());
+        out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        out.extend_from_slice(m);
+    }
+    out.push(u8::from(attached));
+    let pad = exchange_pad(out.len());
+    out.resize(out.len() + pad, 0);
+}
+
+/// One tree step's exchange, decoded.
+pub(crate) struct TreeStep<'a> {
+    /// `(rank, message)` in the order sent.
+    pub msgs: Vec<(usize, &'a [u8])>,
+    /// The sender's partial sums (`4 * part_len` bytes on a 4-byte boundary), if attached.
+    pub part: Option<&'a [u8]>,
+}
+
+/// Decodes a tree step that must carry exactly `count` messages, each from a distinct rank
+/// `r < world` with `expected(r)`, and, if attached, `part_len` floats.
+pub(crate) fn decode_tree_exchange<'a>(
+    peer: usize,
+    buf: &'a [u8],
+    world: usize,
+    count: usize,
+    expected: impl Fn(usize) -> bool,
+    part_len: usize,
+) -> Result<TreeStep<'a>> {
+    let mut r = Reader::new(peer, buf);
+    if r.u32()? as usize != count {
+        return Err(r.err("wrong number of messages in a tree step"));
+    }
+    let mut seen = vec![false; world];
+    let mut msgs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let rank = r.u32()? as usize;
+        if rank >= world || !expected(rank) || seen[rank] {
+            return Err(r.err("unexpected rank in a tree step"));
+        }
+        seen[rank] = true;
+        let n = r.u32()? as usize;
+        msgs.push((rank, r.bytes(n)?));
+    }
+    let attached = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(r.err("bad speculation flag")),
+    };
+    if r.bytes(exchange_pad(r.pos))?.iter().any(|&b| b != 0) {
+        return Err(r.err("non-zero padding in a tree step"));
+    }
+    let part = if attached {
+        let bytes = part_len
+            .checked_mul(4)
+            .ok_or_else(|| r.err("part length overflows"))?;
+        Some(r.bytes(bytes)?)
+    } else {
+        None
+    };
+    if r.remaining() != 0 {
+        return Err(r.err("trailing bytes in a tree step"));
+    }
+    Ok(TreeStep { msgs, part })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tree step written out by hand: header round trip, alignment of the part, every
+    /// truncation refused, and ranks that are unexpected, repeated or out of the world.
+    #[test]
+    fn tree_step_layout_by_hand() {
+        let msgs: [(usize, &[u8]); 2] = [(2, b"abc"), (6, b"")];
+        for attached in [false, true] {
+            let mut want = 2u32.to_le_bytes().to_vec();
+            for (r, m) in msgs {
+                want.extend_from_slice(&(r as u32).to_le_bytes());
+                want.extend_from_slice(&(m.len() as u32).to_le_bytes());
+                want.extend_from_slice(m);
+            }
+            want.push(attached as u8);
+            while !want.len().is_multiple_of(4) {
+                want.push(0);
+            }
+            let mut header = Vec::new();
+            encode_tree_header(msgs.iter().copied(), attached, &mut header);
+            assert_eq!(header, want);
+            if attached {
+                want.extend_from_slice(&7.5f32.to_ne_bytes());
+            }
+            let even = |r: usize| r.is_multiple_of(2);
+            let got = decode_tree_exchange(1, &want, 8, 2, even, 1).unwrap();
+            assert_eq!(got.msgs, msgs.to_vec());
+            assert_eq!(got.part.map(|p| p.len()), attached.then_some(4));
+            if let Some(p) = got.part {
+                assert_eq!((p.as_ptr() as usize - want.as_ptr() as usize) % 4, 0);
+            }
+            for cut in 0..want.len() {
+                assert!(decode_tree_exchange(1, &want[..cut], 8, 2, even, 1).is_err());
+            }
+            // Wrong count, a rank outside the expected set, outside the world, repeated.
+            assert!(decode_tree_exchange(1, &want, 8, 3, even, 1).is_err());
+            assert!(decode_tree_exchange(1, &want, 8, 2, |r| r != 6, 1).is_err());
+            assert!(decode_tree_exchange(1, &want, 4, 2, even, 1).is_err());
+            let mut twice = Vec::new();
+            encode_tree_header(
+                [(2, &b"a"[..]), (2, &b"b"[..])].into_iter(),
+                false,
+                &mut twice,
+            );
+            assert!(decode_tree_exchange(1, &twice, 8, 2, even, 1).is_err());
+        }
+    }
 
     /// The exchange layout written out by hand (not with the encoder), every message length
     /// mod 4, with and without a part; every truncation and a trailing byte are refused.

@@ -200,6 +200,8 @@ pub(crate) struct Worker {
     spec_parts: Vec<f32>,
     /// The speculative round's receive buffer per peer (each part is summed where it lands).
     rd_recvs: Vec<Vec<u8>>,
+    /// The tree round's partial sums (the half kept after its first step).
+    tree_acc: Vec<f32>,
     /// Rounds this rank has attached the current batch in.
     spec_tries: u32,
     /// When this rank last joined a round.
@@ -365,6 +367,22 @@ pub(crate) struct SpecDone {
     gather_us: (u64, u64),
 }
 
+/// The speculative batch's buffers as submitted (empty unless `attach`): parts are sent
+/// straight from them (vectored), nothing is fused before the round.
+fn spec_batch<'a>(
+    pending: &'a HashMap<String, (Submission, Option<usize>)>,
+    entries: &[Entry],
+    spec: &[usize],
+    attach: bool,
+) -> Vec<&'a [f32]> {
+    if !attach {
+        return Vec::new();
+    }
+    spec.iter()
+        .map(|&id| &pending[&entries[id].desc.name].0.data[..])
+        .collect()
+}
+
 /// The speculative batch's buffers (the pending submissions of `spec`'s ids), in `spec`
 /// order; every one must be pending.
 fn batch_mut<'a>(
@@ -416,18 +434,13 @@ fn carve<'a>(
     (pa, pb)
 }
 
-/// Elements `c0 .. c0 + k` of the chunks the batch of `len` elements is cut into, as one range.
-fn chunk_span(len: usize, world: usize, c0: usize, k: usize) -> std::ops::Range<usize> {
-    use gradwire_collective::chunks::range;
-    range(len, world, c0).start..range(len, world, c0 + k - 1).end
-}
-
 /// All-gathers the batch (`len` elements; chunk `r` owned by rank `r`, already reduced
 /// there) in the tensors' own buffers: recursive doubling on power-of-two worlds (`log2 P`
 /// exchanges), the ring otherwise (`P-1`), each exchange sent from and received into the
 /// pieces of the tensors it touches. A copy, no arithmetic: any schedule gives the same
 /// bits. Returns the bytes sent.
 fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) -> Result<u64> {
+    use gradwire_collective::chunks::span;
     let (rank, world) = (t.rank(), t.world_size());
     let mut sent = 0u64;
     let mut step = |t: &mut dyn Transport,
@@ -451,8 +464,8 @@ fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) 
             let partner = rank ^ d;
             let (mine, theirs) = ((rank / d) * d, (partner / d) * d);
             let (send, recv) = (
-                chunk_span(len, world, mine, d),
-                chunk_span(len, world, theirs, d),
+                span(len, world, mine, mine + d),
+                span(len, world, theirs, theirs + d),
             );
             step(t, batch, partner, partner, send, recv)?;
             d *= 2;
@@ -463,8 +476,8 @@ fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) 
             let send = (rank + world - s) % world;
             let recv = (rank + world - s - 1) % world;
             let (send, recv) = (
-                chunk_span(len, world, send, 1),
-                chunk_span(len, world, recv, 1),
+                span(len, world, send, send + 1),
+                span(len, world, recv, recv + 1),
             );
             step(t, batch, to, from, send, recv)?;
         }
@@ -526,6 +539,7 @@ impl Worker {
             own_part: Vec::new(),
             spec_parts: Vec::new(),
             rd_recvs: Vec::new(),
+            tree_acc: Vec::new(),
             spec_tries: 0,
             last: Instant::now(),
         };
@@ -535,16 +549,18 @@ impl Worker {
             let desc = registered_descriptor(p, &w.cfg);
             w.push_entry(desc, state);
         }
-        // Speculation needs the flat canonical sum (the only dense algorithm whose owner-side
-        // rank-order sum the combined round reproduces; not the hierarchical one, which sums
-        // by host), no momentum, and a batch the normal path would fuse into one group anyway.
+        // Speculation needs the flat canonical sum (the hypercube tree on power-of-two worlds,
+        // which Tree also computes there, rank order on others: what the combined round
+        // reproduces; not the hierarchical one, which sums by host), no momentum, and a batch
+        // the normal path would fuse into one group anyway.
         let ids: Vec<usize> = (0..w.states.len())
             .filter(|&id| w.states[id].kind == Kind::Dense && w.states[id].velocity.is_none())
             .collect();
         let bytes: usize = ids.iter().map(|&id| 4 * w.entries[id].len).sum();
         if world > 1
             && w.exec.hosts.is_none()
-            && w.cfg.dense == DenseAlgorithm::Canonical
+            && (w.cfg.dense == DenseAlgorithm::Canonical
+                || (w.cfg.dense == DenseAlgorithm::Tree && world.is_power_of_two()))
             && !ids.is_empty()
             && bytes <= w.cfg.fusion_bytes.min(SPEC_MAX_BYTES)
         {
@@ -851,26 +867,41 @@ impl Worker {
                 .iter()
                 .all(|&id| self.pending.contains_key(&self.entries[id].desc.name));
         self.spec_tries += u32::from(attach);
-        // The batch where it was submitted: parts are sent straight from the submissions'
-        // buffers (vectored), nothing is fused before the round.
-        let batch: Vec<&[f32]> = if attach {
-            self.spec
-                .iter()
-                .map(|&id| &self.pending[&self.entries[id].desc.name].0.data[..])
-                .collect()
-        } else {
-            Vec::new()
-        };
         let len: usize = self.spec.iter().map(|&id| self.entries[id].len).sum();
+        self.gathered.resize_with(world, Vec::new);
+        self.gathered[rank].clear();
+        self.gathered[rank].extend_from_slice(&self.msg_buf);
+        let reduced = if world.is_power_of_two() {
+            self.speculate_tree(attach, len)?
+        } else {
+            self.speculate_pairwise(attach, len)?
+        };
+        let Some(part_bytes) = reduced else {
+            return Ok(None);
+        };
+        // Then every chunk to every rank, received straight into the submissions.
+        let mut outs = batch_mut(&mut self.pending, &self.spec);
+        let gather_start = now_us();
+        let gathered = gather_in_place(&mut *self.t, &mut outs, len)?;
+        Ok(Some(SpecDone {
+            bytes: part_bytes + gathered,
+            gather_us: (gather_start, now_us()),
+        }))
+    }
+
+    /// The speculative round on worlds that are not a power of two: the pairwise exchange
+    /// (`P-1` steps), each peer's part summed in rank order where it arrived. Returns the
+    /// part bytes sent when every rank attached (this rank's chunk of the submissions then
+    /// holds its mean), else `None` (the submissions untouched).
+    fn speculate_pairwise(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
+        let (rank, world) = (self.rank, self.world);
+        let batch = spec_batch(&self.pending, &self.entries, &self.spec, attach);
         let mine = gradwire_collective::chunks::range(len, world, rank);
         let m = mine.len();
         if attach {
             self.own_part.resize(m, 0.0); // every element overwritten here
             copy_range(&batch, mine.clone(), &mut self.own_part);
         }
-        self.gathered.resize_with(world, Vec::new);
-        self.gathered[rank].clear();
-        self.gathered[rank].extend_from_slice(&self.msg_buf);
         self.rd_recvs.resize_with(world, Vec::new);
         // Where each peer's part starts in its receive buffer.
         let mut part_at = vec![None; world];
@@ -919,7 +950,7 @@ impl Worker {
         }
         // This rank's chunk: the rank-order mean written straight into the submissions.
         let mut outs = batch_mut(&mut self.pending, &self.spec);
-        let (own, _) = carve(&mut outs, mine.clone(), 0..0);
+        let (own, _) = carve(&mut outs, mine, 0..0);
         let mut at = 0;
         for piece in own {
             let n = piece.len();
@@ -927,13 +958,117 @@ impl Worker {
             crate::dense::rank_order_mean(&sub, piece);
             at += n;
         }
-        // Then every chunk to every rank, received straight into the submissions.
-        let gather_start = now_us();
-        let gathered = gather_in_place(&mut *self.t, &mut outs, len)?;
-        Ok(Some(SpecDone {
-            bytes: part_bytes + gathered,
-            gather_us: (gather_start, now_us()),
-        }))
+        Ok(Some(part_bytes))
+    }
+
+    /// The speculative round on power-of-two worlds, along recursive halving: the hypercube
+    /// tree of [`crate::dense`] (and of the collective layer's Rabenseifner), so the result
+    /// is bit for bit the normal path's. At the step with partner distance `mask` (`P/2`
+    /// down to 1) rank `r` and `r ^ mask` exchange every negotiation message each knows
+    /// (`P / 2 mask` of them: the all-gather of messages rides the halving) and, while the
+    /// sender and every rank it carries attached, its partial sums of the half the receiver
+    /// keeps (`wire::encode_tree_header`). The first step sends straight from the
+    /// submissions and writes `own + partner` into `tree_acc` (the kept half); later steps
+    /// send from and add into `tree_acc`. After `log2 P` steps every rank knows every flag;
+    /// when all attached, its chunk is divided by `P` and written into the submissions.
+    /// Returns the part bytes sent then, else `None` (the submissions untouched).
+    fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
+        use gradwire_collective::chunks::span;
+        let (rank, world) = (self.rank, self.world);
+        let batch = spec_batch(&self.pending, &self.entries, &self.spec, attach);
+        let mut all = attach;
+        let mut part_bytes = 0u64;
+        let (mut lo, mut hi) = (0, world);
+        let mut mask = world / 2;
+        // `tree_acc[i - base]`: partial sum of element `i` of the first step's kept half.
+        let mut base = 0;
+        let mut first = true;
+        while mask > 0 {
+            let partner = rank ^ mask;
+            let mid = lo + mask;
+            let (keep, give) = if rank & mask == 0 {
+                ((lo, mid), (mid, hi))
+            } else {
+                ((mid, hi), (lo, mid))
+            };
+            let kr = span(len, world, keep.0, keep.1);
+            let gr = span(len, world, give.0, give.1);
+            // Before this step a rank knows the ranks that differ from it above `mask`.
+            let known = |of: usize, r: usize| (r ^ of) & (2 * mask - 1) == 0;
+            let carried: Vec<(usize, &[u8])> = (0..world)
+                .filter(|&r| known(rank, r))
+                .map(|r| (r, &self.gathered[r][..]))
+                .collect();
+            crate::wire::encode_tree_header(carried.into_iter(), all, &mut self.rd_send);
+            let mut pieces: Vec<&[u8]> = vec![&self.rd_send];
+            if all {
+                part_bytes += 4 * gr.len() as u64;
+                if first {
+                    byte_pieces(&batch, gr.clone(), &mut pieces);
+                } else {
+                    pieces.push(bytemuck::cast_slice(
+                        &self.tree_acc[gr.start - base..gr.end - base],
+                    ));
+                }
+            }
+            self.t
+                .send_recv_parts(partner, &pieces, partner, &mut self.rd_recv)
+                .map_err(gradwire_collective::Error::from)?;
+            let step = crate::wire::decode_tree_exchange(
+                partner,
+                &self.rd_recv,
+                world,
+                world / (2 * mask),
+                |r| known(partner, r),
+                kr.len(),
+            )?;
+            for (r, m) in step.msgs {
+                self.gathered[r].clear();
+                self.gathered[r].extend_from_slice(m);
+            }
+            if let (true, Some(part)) = (all, step.part) {
+                self.spec_parts.resize(kr.len(), 0.0);
+                let other = floats_in_place(part, &mut self.spec_parts[..kr.len()]);
+                if first {
+                    base = kr.start;
+                    self.tree_acc.resize(kr.len(), 0.0); // every element written below
+                    let acc = &mut self.tree_acc;
+                    let mut at = 0;
+                    for_pieces(&batch, kr.clone(), |i, p| {
+                        let own = &batch[i][p];
+                        let o = &mut acc[at..at + own.len()];
+                        for ((o, a), b) in o.iter_mut().zip(own).zip(&other[at..]) {
+                            *o = *a + *b;
+                        }
+                        at += own.len();
+                    });
+                } else {
+                    <f32 as gradwire_collective::Element>::reduce(
+                        gradwire_collective::ReduceOp::Sum,
+                        &mut self.tree_acc[kr.start - base..kr.end - base],
+                        other,
+                    );
+                }
+            }
+            all &= step.part.is_some();
+            (lo, hi) = keep;
+            mask /= 2;
+            first = false;
+        }
+        if !all {
+            return Ok(None);
+        }
+        let mine = gradwire_collective::chunks::range(len, world, rank);
+        let acc = &mut self.tree_acc[mine.start - base..mine.end - base];
+        <f32 as gradwire_collective::Element>::divide(acc, world);
+        let mut outs = batch_mut(&mut self.pending, &self.spec);
+        let (own, _) = carve(&mut outs, mine, 0..0);
+        let mut at = 0;
+        for piece in own {
+            piece.copy_from_slice(&acc[at..at + piece.len()]);
+            at += piece.len();
+        }
+        Ok(Some(part_bytes))
     }
 
     /// Checks and caches the uncached tensors every rank has now requested.

@@ -6,14 +6,14 @@
 //! | ring all-reduce | `2(p-1) α + 2(p-1)/p n β + (p-1)/p n γ` |
 //! | recursive doubling | `log2 p (α + n β + n γ)` |
 //! | Rabenseifner | `2 log2 p α + 2(p-1)/p n β + (p-1)/p n γ` |
-//! | canonical (engine default) | `(p-1 + log2 p) α + 2(p-1)/p n β + (p-1)/p n γ` |
+//! | canonical (engine default) | Rabenseifner on powers of two; else `2(p-1) α + 2(p-1)/p n β + (p-1)/p n γ` |
 //! | ring all-gather (`c` bytes each) | `(p-1) α + (p-1) c β` |
 //!
 //! Recursive doubling and Rabenseifner on a world that is not a power of two run on the
 //! largest power of two `q <= p` and fold the others in and out (`collective::fold`): two
 //! more messages of `n` bytes and one more reduction, `2 (α + n β) + n γ`. The canonical
-//! all-reduce (pairwise-exchange reduce-scatter, then an all-gather by recursive doubling on
-//! power-of-two worlds, else the ring) takes `2(p-1)` messages off powers of two. Segmenting
+//! all-reduce is Rabenseifner's on power-of-two worlds (the hypercube tree), and off them a
+//! pairwise-exchange reduce-scatter and the ring all-gather, `2(p-1)` messages. Segmenting
 //! (pieces of 256 KiB) is not modelled: on an emulated link it pipelines, costing no extra
 //! latency beyond the per-message software cost that calibration folds into `α`.
 
@@ -69,19 +69,18 @@ pub fn rabenseifner(net: &Network, n: f64, p: usize) -> f64 {
         + fold(net, n, p)
 }
 
-/// The engine's canonical dense all-reduce: pairwise-exchange reduce-scatter (`p-1`
-/// messages), owner sums, then an all-gather (`log2 p` messages on powers of two, else `p-1`).
+/// The engine's canonical dense all-reduce: Rabenseifner's on powers of two (the hypercube
+/// tree); otherwise a pairwise-exchange reduce-scatter (`p-1` messages), owner sums, then the
+/// ring all-gather (`p-1`).
 pub fn canonical_allreduce(net: &Network, n: f64, p: usize) -> f64 {
     if p <= 1 {
         return 0.0;
     }
+    if p.is_power_of_two() {
+        return rabenseifner(net, n, p);
+    }
     let (pf, m) = (p as f64, (p - 1) as f64);
-    let gather_msgs = if p.is_power_of_two() {
-        log2_floor(p)
-    } else {
-        m
-    };
-    (m + gather_msgs) * net.alpha + 2.0 * m / pf * n * net.beta + m / pf * n * net.gamma
+    2.0 * m * net.alpha + 2.0 * m / pf * n * net.beta + m / pf * n * net.gamma
 }
 
 /// All-reduce of `n` bytes with `algo` (`Auto` resolves by size and world as the collective
@@ -152,8 +151,8 @@ mod tests {
 
     #[test]
     fn canonical_by_hand() {
-        // p = 4: 3 + 2 messages; same bytes as the ring.
-        close(canonical_allreduce(&NET, 1e6, 4), 50e-6 + 12e-3 + 0.75e-3);
+        // p = 4: Rabenseifner's 2 + 2 messages; same bytes as the ring.
+        close(canonical_allreduce(&NET, 1e6, 4), 40e-6 + 12e-3 + 0.75e-3);
         // p = 3: 2 + 2 messages; 2 * 2/3 MB on the wire, 2/3 MB reduced.
         close(
             canonical_allreduce(&NET, 3e6, 3),

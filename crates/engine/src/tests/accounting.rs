@@ -274,7 +274,7 @@ fn bench_runs_every_case() {
 #[test]
 fn speculative_batch_is_bit_identical_and_used() {
     for tcp in [false, true] {
-        for n in [2usize, 3, 4, 5] {
+        for n in [2usize, 3, 4, 5, 8] {
             for late in [false, true] {
                 let run = |t: Box<dyn Transport>| speculative_steps(t, late);
                 let out = if tcp {

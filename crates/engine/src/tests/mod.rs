@@ -61,15 +61,29 @@ pub(crate) fn grad(rank: usize, step: usize, tensor: usize, len: usize) -> Vec<f
         .collect()
 }
 
-/// The naive mean: `((g0 + g1) + ...) / P` element by element, in rank order.
+/// The engine's canonical mean written naively, element by element: on power-of-two worlds
+/// the hypercube tree `T(a, m) = T(a, 2m) + T(a + m, 2m)`, `T(a, P) = g_a` (`(g0 + g2) +
+/// (g1 + g3)` on 4 ranks), otherwise rank order `((g0 + g1) + ...) + g_{P-1}`; then `/ P`.
 pub(crate) fn naive_mean(inputs: &[Vec<f32>]) -> Vec<f32> {
+    fn tree(inputs: &[Vec<f32>], i: usize, a: usize, m: usize) -> f32 {
+        if m == inputs.len() {
+            inputs[a][i]
+        } else {
+            tree(inputs, i, a, 2 * m) + tree(inputs, i, a + m, 2 * m)
+        }
+    }
     let p = inputs.len();
     (0..inputs[0].len())
         .map(|i| {
-            let mut s = inputs[0][i];
-            for x in &inputs[1..] {
-                s += x[i];
-            }
+            let s = if p.is_power_of_two() {
+                tree(inputs, i, 0, 1)
+            } else {
+                let mut s = inputs[0][i];
+                for x in &inputs[1..] {
+                    s += x[i];
+                }
+                s
+            };
             if p > 1 {
                 s / p as f32
             } else {
