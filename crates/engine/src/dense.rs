@@ -45,6 +45,11 @@ pub(crate) fn rank_order_mean(parts: &[&[f32]], out: &mut [f32]) {
     divide(out, parts.len());
 }
 
+/// `out[k] = a[k] + b[k]` (the AVX2-dispatched adder below).
+pub(crate) fn add_into(out: &mut [f32], a: &[f32], b: &[f32]) {
+    rank_order_sum(&[a, b], out);
+}
+
 /// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
 /// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
 /// for the baseline and for AVX2 and picked at run time, like the collective's adder: the

@@ -49,6 +49,8 @@ pub(crate) enum Kind {
     PowerSgd,
     AllGather,
     Broadcast(usize),
+    /// Nothing to move: ready means every rank arrived.
+    Barrier,
 }
 
 impl Kind {
@@ -185,7 +187,7 @@ impl Exec {
         clock: &mut Clock,
     ) -> Result<()> {
         let kind = items[0].state.kind;
-        if !matches!(kind, Kind::AllGather | Kind::Broadcast(_)) {
+        if !matches!(kind, Kind::AllGather | Kind::Broadcast(_) | Kind::Barrier) {
             if let Some(m) = momentum {
                 for it in items.iter_mut() {
                     if let Some(v) = it.state.velocity.as_mut() {
@@ -241,6 +243,7 @@ impl Exec {
             }
             Kind::AllGather => self.all_gather(t, items, clock),
             Kind::Broadcast(root) => self.broadcast(t, root, items, clock),
+            Kind::Barrier => Ok(()),
         }
     }
 

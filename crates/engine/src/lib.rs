@@ -305,6 +305,17 @@ impl Engine {
         self.submit(desc, data)
     }
 
+    /// A barrier: the handle completes (with an empty buffer) once every rank has called
+    /// `barrier` with this name; no data moves, only the negotiation round that finds it
+    /// ready. The name must not be a registered (all-reduce) tensor's.
+    pub fn barrier(&self, name: &str) -> Handle {
+        if let Some(h) = self.refuse_registered(name, "barrier") {
+            return h;
+        }
+        let desc = adhoc(name, OpKind::Barrier, 0, 0, "");
+        self.submit(desc, Vec::new())
+    }
+
     fn refuse_registered(&self, name: &str, op: &str) -> Option<Handle> {
         self.registered.contains_key(name).then(|| {
             Handle::failed(

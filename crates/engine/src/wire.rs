@@ -6,7 +6,8 @@
 //!             | u32 nbits | ceil(nbits/8) bytes: bit i = cached tensor i pending here
 //!             | u32 n | n x (u32 cache id, u64 ready_us): bits newly set this cycle
 //!             | u32 m | m x (u64 ready_us, descriptor): tensors not cached yet
-//! descriptor: u16 len, name | u8 op (0 all_reduce, 1 all_gather, 2 broadcast) | u8 dtype
+//! descriptor: u16 len, name | u8 op (0 all_reduce, 1 all_gather, 2 broadcast, 3 barrier)
+//!             | u8 dtype
 //!             (0 = f32) | u32 root | u32 ndims, ndims x u64 | u16 len, policy (codec@strategy)
 //! ```
 //!
@@ -47,6 +48,8 @@ pub enum OpKind {
     AllGather,
     /// The root's buffer to everyone.
     Broadcast,
+    /// No data: completes once every rank has submitted it (a barrier).
+    Barrier,
 }
 
 impl OpKind {
@@ -55,6 +58,7 @@ impl OpKind {
             OpKind::AllReduce => 0,
             OpKind::AllGather => 1,
             OpKind::Broadcast => 2,
+            OpKind::Barrier => 3,
         }
     }
     fn from_code(c: u8) -> Option<OpKind> {
@@ -62,6 +66,7 @@ impl OpKind {
             0 => OpKind::AllReduce,
             1 => OpKind::AllGather,
             2 => OpKind::Broadcast,
+            3 => OpKind::Barrier,
             _ => return None,
         })
     }

@@ -1035,12 +1035,9 @@ impl Worker {
                     let acc = &mut self.tree_acc;
                     let mut at = 0;
                     for_pieces(&batch, kr.clone(), |i, p| {
-                        let own = &batch[i][p];
-                        let o = &mut acc[at..at + own.len()];
-                        for ((o, a), b) in o.iter_mut().zip(own).zip(&other[at..]) {
-                            *o = *a + *b;
-                        }
-                        at += own.len();
+                        let (own, n) = (&batch[i][p.clone()], p.len());
+                        crate::dense::add_into(&mut acc[at..at + n], own, &other[at..at + n]);
+                        at += n;
                     });
                 } else {
                     <f32 as gradwire_collective::Element>::reduce(
@@ -1109,6 +1106,7 @@ impl Worker {
                 OpKind::AllReduce => Kind::Dense,
                 OpKind::AllGather => Kind::AllGather,
                 OpKind::Broadcast => Kind::Broadcast(desc.root as usize),
+                OpKind::Barrier => Kind::Barrier,
             };
             let id = self.push_entry(
                 desc,
@@ -1290,7 +1288,7 @@ impl Worker {
         }
         {
             let mut st = lock(&self.shared.stats);
-            if matches!(kind, Kind::AllGather | Kind::Broadcast(_)) {
+            if matches!(kind, Kind::AllGather | Kind::Broadcast(_) | Kind::Barrier) {
                 st.bytes.other_bytes += wire;
             } else {
                 let raw: u64 = group

@@ -401,3 +401,52 @@ fn local_errors_at_submission() {
     .unwrap_err();
     assert!(matches!(err, Error::Incompatible { .. }), "{err}");
 }
+
+/// A barrier completes on no rank before the last rank has called it, moves no data, and
+/// counts no training step; the same name as another operation on another rank is a
+/// mismatch, named.
+#[test]
+fn barrier_waits_for_the_last_rank() {
+    let tensors = specs(&[10]);
+    let n = 4;
+    let got = world(n, |t| {
+        let rank = gradwire_transport::Transport::rank(&t);
+        let e = Engine::start(t, EngineConfig::default(), &tensors).unwrap();
+        let mut times = Vec::new();
+        for round in 0..3 {
+            if rank == (round + 1) % n {
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            let called = Instant::now();
+            let out = e.barrier("sync").wait().unwrap();
+            times.push((called, Instant::now()));
+            assert!(out.is_empty());
+        }
+        let mismatch = if rank == 0 {
+            e.all_gather("odd", vec![1.0])
+        } else {
+            e.barrier("odd")
+        }
+        .wait();
+        let st = e.stats();
+        e.shutdown().unwrap();
+        (times, mismatch, st)
+    });
+    for round in 0..3 {
+        let last_called = got.iter().map(|g| g.0[round].0).max().unwrap();
+        for (r, g) in got.iter().enumerate() {
+            assert!(
+                g.0[round].1 >= last_called,
+                "round {round}: rank {r} left the barrier before the last rank called it"
+            );
+        }
+    }
+    for (r, (_, mismatch, st)) in got.iter().enumerate() {
+        assert!(
+            matches!(mismatch, Err(Error::Mismatch { tensor, .. }) if tensor == "odd"),
+            "rank {r}: {mismatch:?}"
+        );
+        assert!(st.steps.is_empty(), "rank {r}: a barrier counted as a step");
+        assert_eq!(st.bytes.other_bytes, 0, "rank {r}: a barrier moved data");
+    }
+}

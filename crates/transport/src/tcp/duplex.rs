@@ -207,7 +207,7 @@ impl Tcp {
                         let off = rgot - FRAME_HEADER_LEN;
                         let end = rtotal.expect("header parsed") - FRAME_HEADER_LEN;
                         match sink {
-                            Sink::Vec(v) => stream.read(&mut v[off..end]),
+                            Sink::Vec(v) => super::sys::read_into_spare(stream, v, end - off),
                             Sink::Slice(s) => stream.read(&mut s[off..end]),
                             Sink::Pieces(ps) => stream.read(piece_at(ps, off)),
                         }
@@ -225,10 +225,12 @@ impl Tcp {
                             if rgot == FRAME_HEADER_LEN && rtotal.is_none() {
                                 let len = self.parse_header(from, &rhead)?;
                                 match sink {
-                                    // Every byte is overwritten by the read below, so
-                                    // only growth is zeroed (no memset of the whole
-                                    // buffer per message).
-                                    Sink::Vec(v) => v.resize(len, 0),
+                                    // Filled by reads into its spare capacity: no
+                                    // zeroing of bytes about to be overwritten.
+                                    Sink::Vec(v) => {
+                                        v.clear();
+                                        v.reserve(len);
+                                    }
                                     Sink::Slice(s) if s.len() != len => {
                                         return Err(Error::SizeMismatch {
                                             peer: from,

@@ -77,6 +77,24 @@ pub(super) fn read_exact_before(
     stream.set_read_timeout(None)
 }
 
+/// Reads what the socket has (up to the spare capacity of `v`, at most `max` bytes) into
+/// `v`'s spare capacity and extends `v` by it: a receive into a growing buffer without first
+/// zeroing the bytes it is about to overwrite. `Ok(0)`: the peer closed the connection.
+pub(super) fn read_into_spare(s: &TcpStream, v: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    let spare = v.spare_capacity_mut();
+    let n = spare.len().min(max);
+    // SAFETY: `spare` is `n` or more bytes of `v`'s allocation past its length, valid for
+    // writes; recv(2) writes at most `n` bytes there and returns how many it wrote.
+    let got = unsafe { libc::recv(s.as_raw_fd(), spare.as_mut_ptr().cast(), n, 0) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let got = got as usize;
+    // SAFETY: recv initialised the first `got` (<= n) spare bytes.
+    unsafe { v.set_len(v.len() + got) };
+    Ok(got)
+}
+
 pub(super) fn set_buffers(s: &TcpStream, size: usize) {
     let v = size.min(i32::MAX as usize) as libc::c_int;
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
