@@ -22,7 +22,9 @@
 //! itself when the progress thread is not in one ([`Shared::drive`]; no hand-off to the
 //! progress thread and back), and when the registered dense tensors are all submitted
 //! together, their canonical reduce-scatter rides the negotiation round
-//! ([`Worker::negotiate`]; one round fewer, the same bits).
+//! ([`Worker::negotiate`]; one round fewer, the same bits): along recursive halving on
+//! power-of-two worlds, by pairwise exchange on others, sent straight from and all-gathered
+//! straight into the submissions' buffers.
 //!
 //! ## Design note: waiter-driven rounds and the grace period
 //!
@@ -40,19 +42,24 @@
 //!   `gap` = an eighth of a cycle (20..200 µs; 125 µs at the default 1 ms) for a waiter to
 //!   take it, then starts the round itself. When a waiter takes the burst first, the progress
 //!   thread's timed wait finds the queue empty and goes back to sleep without touching the
-//!   worker. Without a flush or a waiter, a burst starts within ten cycles.
+//!   worker. Without a flush or a waiter, a burst starts within ten cycles. A caller that
+//!   waits at once submits unflushed ([`crate::Engine::all_reduce_batch_unflushed`]: the
+//!   trainer's synchronous step), so the progress thread is not woken at all.
 //! - **Idle ranks sleep** ([`idle_check_period`]) instead of polling every cycle; they only
 //!   matter to the others' stall inspector.
 //!
-//! Where LeNet's step time goes (`examples/bench_engine`, 4 ranks as threads, loaded 2-core
-//! machine, alternating runs): the canonical speculative round (one round, 1.00 speculative)
-//! took 0.98-1.32 ms against flat's 0.42-0.54 ms (0.39-0.45x), while `DenseAlgorithm::Tree`
-//! (no speculation: a negotiation round, then Rabenseifner) took 0.59-0.76 ms (0.60-0.71x),
-//! so the hand-offs and the grace period are not the main cost: the rank-order pairwise
-//! reduce-scatter (`P-1` dependent exchanges plus the assembled send buffers) is. A faster
-//! steady state needs a speculative round along Rabenseifner's tree; not done yet.
+//! Where LeNet's step time went, and what changed (session 8, `gradwire bench engine --np 4
+//! --cases lenet`, TCP, 4 processes on 2 cores, idle): the copies were the first cost. The
+//! speculative round moved the batch about 5 times per step in user space (fuse, assemble
+//! each send, copy each received part out, all-gather a fusion buffer, unfuse) against flat's
+//! 2; it now moves a quarter of it (this rank's own part) and sends and receives the
+//! tensors' own pieces (vectored). The second was the schedule: the pairwise exchange's
+//! `P-1` steps, each coupling every rank, plus `log2 P` for the all-gather, against
+//! Rabenseifner's `2 log2 P`; on power-of-two worlds the round now follows recursive
+//! halving. Engine over flat went from 0.46-0.54x to about 0.8-1.0x (the closing note of
+//! session 8 has the runs).
 //!
-//! //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
+//! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
 //! missing ranks (stalls) in the same round. "Now" for stall decisions is the largest clock
 //! reading in the round's messages, so every rank warns and aborts in the same round.
