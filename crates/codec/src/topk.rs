@@ -31,7 +31,8 @@
 //! on seeds 1 / 2 / 3 (mean 87.59, -0.86 against dense's 88.45; per tensor -2.59), the same
 //! as per-tensor selection with `--momentum-correction on` (-0.86). Pushes are 75x smaller
 //! than dense; the pulls are dense. Global selection with momentum correction through an
-//! all-reduce needs the engine to select over all tensors at once (not implemented).
+//! all-reduce needs the engine to select over all tensors at once (not implemented); the
+//! engine logs a warning at start when `scope=global` applies to several tensors.
 //!
 //! Wire layout (the shared sparse payload, little-endian):
 //! ```text

@@ -112,6 +112,30 @@ pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
 
 use worker::{lock, Queue, Shared, Submission, Worker};
 
+/// The engine builds one codec per tensor, so `topk:scope=global` (Aji & Heafield's one
+/// threshold over the whole gradient) selects within each tensor here, exactly as
+/// `scope=tensor`: said once at start when it applies to several tensors, instead of
+/// silently (the paper's global selection runs where one codec sees the flat gradient, the
+/// parameter server's `--sync ps-sync`).
+fn warn_global_topk(policies: &[Policy]) {
+    let global: Vec<&str> = policies
+        .iter()
+        .filter(|p| {
+            matches!(&p.codec, gradwire_codec::CodecConfig::TopK(c)
+                if c.scope == gradwire_codec::TopKScope::Global)
+        })
+        .map(|p| p.tensor.name.as_str())
+        .collect();
+    if global.len() > 1 {
+        tracing::warn!(
+            tensors = global.len(),
+            "topk scope=global selects the top entries of each tensor separately through the \
+             engine (one codec per tensor, as scope=tensor); the paper's single threshold over \
+             the whole gradient runs under --sync ps-sync"
+        );
+    }
+}
+
 /// The non-blocking engine of one rank. Submit from any thread (`&self`); the progress
 /// thread owns the transport until [`Engine::shutdown`].
 pub struct Engine {
@@ -145,6 +169,7 @@ impl Engine {
         tensors: &[TensorSpec],
     ) -> Result<Engine> {
         let policies = config.plan(tensors)?;
+        warn_global_topk(&policies);
         let mut t: Box<dyn Transport> = Box::new(transport);
         let (rank, world) = (t.rank(), t.world_size());
         let descs: Vec<Descriptor> = policies
