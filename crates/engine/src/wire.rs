@@ -347,12 +347,18 @@ pub(crate) fn decode_exchange(
     let mut r = Reader::new(peer, buf);
     let n = r.u32()? as usize;
     let msg = r.bytes(n)?;
+    Ok((msg, read_part(&mut r, part_len)?))
+}
+
+/// The end of an exchange (either kind): the flag, the padding to a multiple of 4 from the
+/// exchange's start, and when the flag is 1 exactly `part_len` floats; nothing after.
+fn read_part<'a>(r: &mut Reader<'a>, part_len: usize) -> Result<Option<&'a [u8]>> {
     let attached = match r.u8()? {
         0 => false,
         1 => true,
         _ => return Err(r.err("bad speculation flag")),
     };
-    if r.bytes(exchange_pad(4 + n + 1))?.iter().any(|&b| b != 0) {
+    if r.bytes(exchange_pad(r.pos))?.iter().any(|&b| b != 0) {
         return Err(r.err("non-zero padding in a negotiation exchange"));
     }
     let part = if attached {
@@ -366,7 +372,7 @@ pub(crate) fn decode_exchange(
     if r.remaining() != 0 {
         return Err(r.err("trailing bytes in a negotiation exchange"));
     }
-    Ok((msg, part))
+    Ok(part)
 }
 
 /// Writes a tree step's header (messages with their ranks, flag, padding) into `out`
@@ -421,25 +427,7 @@ pub(crate) fn decode_tree_exchange<'a>(
         let n = r.u32()? as usize;
         msgs.push((rank, r.bytes(n)?));
     }
-    let attached = match r.u8()? {
-        0 => false,
-        1 => true,
-        _ => return Err(r.err("bad speculation flag")),
-    };
-    if r.bytes(exchange_pad(r.pos))?.iter().any(|&b| b != 0) {
-        return Err(r.err("non-zero padding in a tree step"));
-    }
-    let part = if attached {
-        let bytes = part_len
-            .checked_mul(4)
-            .ok_or_else(|| r.err("part length overflows"))?;
-        Some(r.bytes(bytes)?)
-    } else {
-        None
-    };
-    if r.remaining() != 0 {
-        return Err(r.err("trailing bytes in a tree step"));
-    }
+    let part = read_part(&mut r, part_len)?;
     Ok(TreeStep { msgs, part })
 }
 

@@ -371,6 +371,42 @@ fn piece_columns(pieces: &[TensorInfo]) -> Vec<std::ops::Range<usize>> {
     cols
 }
 
+/// The layers of the two-stage oracle tests: columns of 6 to 200 elements, biases and an
+/// output layer.
+fn two_stage_tensors() -> Vec<TensorInfo> {
+    use TensorRole::*;
+    vec![
+        TensorInfo::new([6, 1, 5, 5], ConvWeight),
+        TensorInfo::new([6], Bias),
+        TensorInfo::new([40, 200], LinearWeight),
+        TensorInfo::new([200], Bias),
+        TensorInfo::new([30, 10], Output),
+        TensorInfo::new([10], Output),
+    ]
+}
+
+/// Every rank's results of `steps` stripe all-reduces (sums) of `grad(rank, step)`, one
+/// `StripeAllReduce` per rank kept across the steps.
+fn stripe_steps(
+    cfg: &CodecConfig,
+    tensors: &[TensorInfo],
+    world: usize,
+    steps: usize,
+    grad: &(dyn Fn(usize, usize) -> Vec<f32> + Sync),
+) -> Vec<Vec<Vec<f32>>> {
+    let len: usize = tensors.iter().map(TensorInfo::numel).sum();
+    run_world(local_world(world), |t| {
+        let mut st = StripeAllReduce::new(cfg, &ctx(t.rank(), world, tensors), len);
+        (0..steps)
+            .map(|s| {
+                let mut b = grad(t.rank(), s);
+                st.all_reduce(t, &mut b, Reduce::Sum).unwrap();
+                b
+            })
+            .collect()
+    })
+}
+
 /// Adaptive quantization through the stripes equals the two-stage pipeline written out here
 /// with the naive quantizer above: each rank's slice quantized once with its own residual,
 /// the decoded slices summed in rank order, the sum quantized once with the owner's residual,
@@ -378,15 +414,7 @@ fn piece_columns(pieces: &[TensorInfo]) -> Vec<std::ops::Range<usize>> {
 /// a larger one, on a model whose columns range from 6 to 200 elements.
 #[test]
 fn stripe_adaptive_matches_a_naive_two_stage_oracle() {
-    use TensorRole::*;
-    let tensors = vec![
-        TensorInfo::new([6, 1, 5, 5], ConvWeight),
-        TensorInfo::new([6], Bias),
-        TensorInfo::new([40, 200], LinearWeight),
-        TensorInfo::new([200], Bias),
-        TensorInfo::new([30, 10], Output),
-        TensorInfo::new([10], Output),
-    ];
+    let tensors = two_stage_tensors();
     let len: usize = tensors.iter().map(TensorInfo::numel).sum();
     let steps = 4;
     // Heavy-tailed floats, distinct per rank and step.
@@ -432,17 +460,7 @@ fn stripe_adaptive_matches_a_naive_two_stage_oracle() {
                 }
                 want.push(out);
             }
-            let (cfg, tensors) = (&cfg, &tensors);
-            let got = run_world(local_world(world), |t| {
-                let mut st = StripeAllReduce::new(cfg, &ctx(t.rank(), world, tensors), len);
-                (0..steps)
-                    .map(|s| {
-                        let mut b = grad(t.rank(), s);
-                        st.all_reduce(t, &mut b, Reduce::Sum).unwrap();
-                        b
-                    })
-                    .collect::<Vec<_>>()
-            });
+            let got = stripe_steps(&cfg, &tensors, world, steps, &grad);
             for (rank, g) in got.iter().enumerate() {
                 for s in 0..steps {
                     let sent = want[s].iter().filter(|v| **v != 0.0).count();
@@ -504,15 +522,7 @@ fn naive_onebit(g: &[f32], r: &mut Vec<f32>, cols: &[std::ops::Range<usize>]) ->
 /// 16 f32 lanes, the reference in f64): every sign agrees, so no entry changes side.
 #[test]
 fn stripe_onebit_matches_a_naive_two_stage_oracle() {
-    use TensorRole::*;
-    let tensors = vec![
-        TensorInfo::new([6, 1, 5, 5], ConvWeight),
-        TensorInfo::new([6], Bias),
-        TensorInfo::new([40, 200], LinearWeight),
-        TensorInfo::new([200], Bias),
-        TensorInfo::new([30, 10], Output),
-        TensorInfo::new([10], Output),
-    ];
+    let tensors = two_stage_tensors();
     let len: usize = tensors.iter().map(TensorInfo::numel).sum();
     let steps = 4;
     // Uniform floats with a scale per rank and step (none near 0 by more than chance).
@@ -546,17 +556,7 @@ fn stripe_onebit_matches_a_naive_two_stage_oracle() {
             }
             want.push(out);
         }
-        let (cfg, tensors) = (&cfg, &tensors);
-        let got = run_world(local_world(world), |t| {
-            let mut st = StripeAllReduce::new(cfg, &ctx(t.rank(), world, tensors), len);
-            (0..steps)
-                .map(|s| {
-                    let mut b = grad(t.rank(), s);
-                    st.all_reduce(t, &mut b, Reduce::Sum).unwrap();
-                    b
-                })
-                .collect::<Vec<_>>()
-        });
+        let got = stripe_steps(&cfg, &tensors, world, steps, &grad);
         for (rank, g) in got.iter().enumerate() {
             for s in 0..steps {
                 let distinct = {
