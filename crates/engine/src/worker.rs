@@ -56,8 +56,8 @@
 //! tensors' own pieces (vectored). The second was the schedule: the pairwise exchange's
 //! `P-1` steps, each coupling every rank, plus `log2 P` for the all-gather, against
 //! Rabenseifner's `2 log2 P`; on power-of-two worlds the round now follows recursive
-//! halving. Engine over flat went from 0.46-0.54x to about 0.8-1.0x (the closing note of
-//! session 8 has the runs).
+//! halving. Engine over flat went from 0.41-0.48x to 0.76-0.90x (idle, interleaved, three
+//! rounds each: `docs/bench-engine`); still short of flat.
 //!
 //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
