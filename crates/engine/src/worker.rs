@@ -374,37 +374,46 @@ pub(crate) struct SpecDone {
     gather_us: (u64, u64),
 }
 
-/// The speculative batch's buffers as submitted (empty unless `attach`): parts are sent
-/// straight from them (vectored), nothing is fused before the round.
+/// The speculative batch's buffers as submitted (empty unless `attach`, which means the
+/// whole batch is pending), in `spec` order: parts are sent straight from them (vectored),
+/// nothing is fused before the round.
 fn spec_batch<'a>(
     pending: &'a HashMap<String, (Submission, Option<usize>)>,
-    entries: &[Entry],
     spec: &[usize],
     attach: bool,
 ) -> Vec<&'a [f32]> {
     if !attach {
         return Vec::new();
     }
-    spec.iter()
-        .map(|&id| &pending[&entries[id].desc.name].0.data[..])
-        .collect()
+    let mut out: Vec<&[f32]> = vec![&[]; spec.len()];
+    for (i, sub) in spec_members(pending.values().map(|(s, id)| (&s.data, *id)), spec) {
+        out[i] = sub;
+    }
+    out
 }
 
-/// The speculative batch's buffers (the pending submissions of `spec`'s ids), in `spec`
-/// order; every one must be pending.
+/// The speculative batch's buffers (the pending submissions of `spec`'s ids), mutable, in
+/// `spec` order; every one must be pending.
 fn batch_mut<'a>(
     pending: &'a mut HashMap<String, (Submission, Option<usize>)>,
     spec: &[usize],
 ) -> Vec<&'a mut [f32]> {
     let mut out: Vec<Option<&mut [f32]>> = (0..spec.len()).map(|_| None).collect();
-    for (sub, id) in pending.values_mut() {
-        if let Some(i) = id.and_then(|id| spec.binary_search(&id).ok()) {
-            out[i] = Some(&mut sub.data);
-        }
+    for (i, sub) in spec_members(pending.values_mut().map(|(s, id)| (&mut s.data, *id)), spec) {
+        out[i] = Some(sub);
     }
     out.into_iter()
         .map(|b| b.expect("the whole batch is pending"))
         .collect()
+}
+
+/// The pending buffers whose cache id is in the batch `spec` (sorted), with their position
+/// in it: one pass over the pending submissions, by id (no lookups by name).
+fn spec_members<'s, B>(
+    pending: impl Iterator<Item = (B, Option<usize>)> + 's,
+    spec: &'s [usize],
+) -> impl Iterator<Item = (usize, B)> + 's {
+    pending.filter_map(move |(b, id)| Some((spec.binary_search(&id?).ok()?, b)))
 }
 
 /// The pieces of the batch's element ranges `a` and `b` (disjoint), one per tensor each
@@ -902,7 +911,7 @@ impl Worker {
     /// holds its mean), else `None` (the submissions untouched).
     fn speculate_pairwise(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         let (rank, world) = (self.rank, self.world);
-        let batch = spec_batch(&self.pending, &self.entries, &self.spec, attach);
+        let batch = spec_batch(&self.pending, &self.spec, attach);
         let mine = gradwire_collective::chunks::range(len, world, rank);
         let m = mine.len();
         if attach {
@@ -982,7 +991,7 @@ impl Worker {
     fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         use gradwire_collective::chunks::span;
         let (rank, world) = (self.rank, self.world);
-        let batch = spec_batch(&self.pending, &self.entries, &self.spec, attach);
+        let batch = spec_batch(&self.pending, &self.spec, attach);
         let mut all = attach;
         let mut part_bytes = 0u64;
         let (mut lo, mut hi) = (0, world);

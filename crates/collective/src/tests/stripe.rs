@@ -407,6 +407,46 @@ fn stripe_steps(
     })
 }
 
+/// A naive quantizer of one slice: `(slice, its residual, its columns) -> decoded values`.
+type NaiveQuantizer = dyn Fn(&[f32], &mut Vec<f32>, &[std::ops::Range<usize>]) -> Vec<f32>;
+
+/// The two-stage exchange written out for `steps` steps of `grad(rank, step)`: per stripe,
+/// each rank's slice quantized once with its own residual, the decoded slices summed in rank
+/// order, the sum quantized once with the owner's residual (residuals kept across steps).
+/// Returns the all-gathered result of each step.
+fn two_stage_oracle(
+    cfg: &CodecConfig,
+    tensors: &[TensorInfo],
+    world: usize,
+    steps: usize,
+    grad: &dyn Fn(usize, usize) -> Vec<f32>,
+    quantize: &NaiveQuantizer,
+) -> Vec<Vec<f32>> {
+    let len: usize = tensors.iter().map(TensorInfo::numel).sum();
+    let plan = StripePlan::new(cfg, &ctx(0, world, tensors), len, world);
+    let cols: Vec<_> = plan.tensors.iter().map(|p| piece_columns(p)).collect();
+    let mut local = vec![vec![Vec::new(); world]; world];
+    let mut owner = vec![Vec::new(); world];
+    let mut want = Vec::new();
+    for s in 0..steps {
+        let grads: Vec<Vec<f32>> = (0..world).map(|q| grad(q, s)).collect();
+        let mut out = vec![0.0f32; len];
+        for (j, r) in plan.ranges.iter().enumerate() {
+            let mut sum = vec![0.0f32; r.len()];
+            for q in 0..world {
+                let d = quantize(&grads[q][r.clone()], &mut local[q][j], &cols[j]);
+                for (a, b) in sum.iter_mut().zip(&d) {
+                    *a += b;
+                }
+            }
+            let d = quantize(&sum, &mut owner[j], &cols[j]);
+            out[r.clone()].copy_from_slice(&d);
+        }
+        want.push(out);
+    }
+    want
+}
+
 /// Adaptive quantization through the stripes equals the two-stage pipeline written out here
 /// with the naive quantizer above: each rank's slice quantized once with its own residual,
 /// the decoded slices summed in rank order, the sum quantized once with the owner's residual,
@@ -433,33 +473,9 @@ fn stripe_adaptive_matches_a_naive_two_stage_oracle() {
     ] {
         let cfg: CodecConfig = spec.parse().unwrap();
         for world in 1..=5 {
-            let plan = StripePlan::new(&cfg, &ctx(0, world, &tensors), len, world);
-            let cols: Vec<_> = plan.tensors.iter().map(|p| piece_columns(p)).collect();
-            let mut local = vec![vec![Vec::new(); world]; world];
-            let mut owner = vec![Vec::new(); world];
-            let mut want = Vec::new();
-            for s in 0..steps {
-                let grads: Vec<Vec<f32>> = (0..world).map(|q| grad(q, s)).collect();
-                let mut out = vec![0.0f32; len];
-                for (j, r) in plan.ranges.iter().enumerate() {
-                    let mut sum = vec![0.0f32; r.len()];
-                    for q in 0..world {
-                        let d = naive_adaptive(
-                            &grads[q][r.clone()],
-                            &mut local[q][j],
-                            &cols[j],
-                            pi,
-                            max_excess,
-                        );
-                        for (a, b) in sum.iter_mut().zip(&d) {
-                            *a += b;
-                        }
-                    }
-                    let d = naive_adaptive(&sum, &mut owner[j], &cols[j], pi, max_excess);
-                    out[r.clone()].copy_from_slice(&d);
-                }
-                want.push(out);
-            }
+            let want = two_stage_oracle(&cfg, &tensors, world, steps, &grad, &move |g, r, c| {
+                naive_adaptive(g, r, c, pi, max_excess)
+            });
             let got = stripe_steps(&cfg, &tensors, world, steps, &grad);
             for (rank, g) in got.iter().enumerate() {
                 for s in 0..steps {
@@ -535,27 +551,7 @@ fn stripe_onebit_matches_a_naive_two_stage_oracle() {
     };
     let cfg: CodecConfig = "onebit".parse().unwrap();
     for world in 1..=5 {
-        let plan = StripePlan::new(&cfg, &ctx(0, world, &tensors), len, world);
-        let cols: Vec<_> = plan.tensors.iter().map(|p| piece_columns(p)).collect();
-        let mut local = vec![vec![Vec::new(); world]; world];
-        let mut owner = vec![Vec::new(); world];
-        let mut want = Vec::new();
-        for s in 0..steps {
-            let grads: Vec<Vec<f32>> = (0..world).map(|q| grad(q, s)).collect();
-            let mut out = vec![0.0f32; len];
-            for (j, r) in plan.ranges.iter().enumerate() {
-                let mut sum = vec![0.0f32; r.len()];
-                for q in 0..world {
-                    let d = naive_onebit(&grads[q][r.clone()], &mut local[q][j], &cols[j]);
-                    for (a, b) in sum.iter_mut().zip(&d) {
-                        *a += b;
-                    }
-                }
-                let d = naive_onebit(&sum, &mut owner[j], &cols[j]);
-                out[r.clone()].copy_from_slice(&d);
-            }
-            want.push(out);
-        }
+        let want = two_stage_oracle(&cfg, &tensors, world, steps, &grad, &naive_onebit);
         let got = stripe_steps(&cfg, &tensors, world, steps, &grad);
         for (rank, g) in got.iter().enumerate() {
             for s in 0..steps {
