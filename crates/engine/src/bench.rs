@@ -211,7 +211,7 @@ pub fn run<T: Transport + 'static>(
     let mut times = Vec::new();
     let (mut rounds, mut groups, mut spec) = (0u64, 0u64, 0u64);
     for rep in 0..=reps {
-        engine.all_reduce("bench.barrier", vec![0.0]).wait()?;
+        engine.barrier("bench.barrier").wait()?;
         // The counters alone: cloning the whole stats (records with names) between timed
         // repetitions cost each rank allocations, which on an oversubscribed host is time
         // taken from the ranks still timing.
@@ -221,8 +221,7 @@ pub fn run<T: Transport + 'static>(
             tensors
                 .iter()
                 .zip(g.drain(..))
-                .map(|(t, x)| (t.name.clone(), x))
-                .collect(),
+                .map(|(t, x)| (t.name.as_str(), x)),
         );
         for h in handles {
             g.push(h.wait()?);

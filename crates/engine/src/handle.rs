@@ -1,7 +1,7 @@
 //! [`Handle`]: the result of one non-blocking operation (Aluminum's request), waitable and
 //! testable in any order. Dropping a handle detaches it; the operation still runs.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -10,18 +10,51 @@ use crate::worker::Shared;
 /// Where the progress thread leaves an operation's outcome.
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
-    state: Mutex<Option<Result<Vec<f32>>>>,
+    state: Mutex<SlotState>,
     ready: Condvar,
 }
 
+/// A slot's outcome, and how many threads sleep on it.
+#[derive(Debug, Default)]
+struct SlotState {
+    outcome: Option<Result<Vec<f32>>>,
+    /// Threads inside a wait on `ready`: a completion wakes only when there is one (a
+    /// condvar's notify is a system call even with nobody waiting, and most outcomes are
+    /// taken by the thread that ran the round, which never sleeps on the slot).
+    sleepers: u32,
+}
+
 impl Slot {
-    /// Stores the outcome (the first one wins) and wakes the waiter.
+    /// Stores the outcome (the first one wins) and wakes the waiter, if one sleeps.
     pub(crate) fn complete(&self, outcome: Result<Vec<f32>>) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.is_none() {
-            *s = Some(outcome);
+        if s.outcome.is_none() {
+            s.outcome = Some(outcome);
         }
-        self.ready.notify_all();
+        if s.sleepers > 0 {
+            self.ready.notify_all();
+        }
+    }
+
+    /// Sleeps on the slot (at most `timeout`; `None`: until woken), counted in `sleepers`
+    /// while it does so that [`Slot::complete`] knows to wake it.
+    fn sleep<'a>(
+        &self,
+        mut s: MutexGuard<'a, SlotState>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, SlotState> {
+        s.sleepers += 1;
+        let mut s = match timeout {
+            Some(t) => {
+                self.ready
+                    .wait_timeout(s, t)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => self.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
+        };
+        s.sleepers -= 1;
+        s
     }
 }
 
@@ -80,6 +113,7 @@ impl Handle {
             .state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .outcome
             .is_some()
     }
 
@@ -92,7 +126,7 @@ impl Handle {
     pub fn wait(self) -> Result<Vec<f32>> {
         let mut s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(r) = s.take() {
+            if let Some(r) = s.outcome.take() {
                 return r;
             }
             match &self.driver {
@@ -100,16 +134,11 @@ impl Handle {
                     drop(s);
                     let ran = d.drive();
                     s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-                    if !ran && s.is_none() {
-                        s = self
-                            .slot
-                            .ready
-                            .wait_timeout(s, d.cycle)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                    if !ran && s.outcome.is_none() {
+                        s = self.slot.sleep(s, Some(d.cycle));
                     }
                 }
-                None => s = self.slot.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
+                None => s = self.slot.sleep(s, None),
             }
         }
     }
@@ -120,19 +149,14 @@ impl Handle {
         {
             let mut s = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
             loop {
-                if let Some(r) = s.take() {
+                if let Some(r) = s.outcome.take() {
                     return Ok(r);
                 }
                 let now = std::time::Instant::now();
                 if now >= deadline {
                     break;
                 }
-                s = self
-                    .slot
-                    .ready
-                    .wait_timeout(s, deadline - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                s = self.slot.sleep(s, Some(deadline - now));
             }
         }
         Err(self)

@@ -56,6 +56,7 @@ mod error;
 pub mod fusion;
 mod handle;
 mod hosts;
+mod pending;
 mod rd_gather;
 mod stats;
 pub mod timeline;
@@ -143,7 +144,7 @@ pub struct Engine {
     worker: Option<JoinHandle<Option<Box<dyn Transport>>>>,
     rank: usize,
     world: usize,
-    registered: HashMap<String, Arc<Descriptor>>,
+    registered: HashMap<String, Target>,
     policies: Vec<Policy>,
     hierarchy: Option<String>,
 }
@@ -192,9 +193,15 @@ impl Engine {
             timeline: config.timeline,
         });
         lock(&shared.stats).bytes.negotiation_bytes += t.bytes_sent().saturating_sub(before);
+        // Registered tensors are cached first, in order, so tensor `i` has cache id `i`.
         let registered = descs
             .iter()
-            .map(|d| (d.name.clone(), Arc::new(d.clone())))
+            .enumerate()
+            .map(|(id, d)| {
+                let mut t = Target::new(Arc::new(d.clone()));
+                t.id = Some(id);
+                (d.name.clone(), t)
+            })
             .collect();
         let hierarchy = hosts.as_ref().map(dense::HostLinks::describe);
         let w = Worker::new(t, shared.clone(), config, &policies, hosts);
@@ -249,8 +256,12 @@ impl Engine {
     }
 
     /// [`Engine::all_reduce`] of several tensors, queued at once and flushed (so the next
-    /// round sees all of them and can fuse them); handles in the same order.
-    pub fn all_reduce_batch(&self, tensors: Vec<(String, Vec<f32>)>) -> Vec<Handle> {
+    /// round sees all of them and can fuse them); handles in the same order. Names may be
+    /// borrowed (`&str`) or owned.
+    pub fn all_reduce_batch<N: AsRef<str>>(
+        &self,
+        tensors: impl IntoIterator<Item = (N, Vec<f32>)>,
+    ) -> Vec<Handle> {
         let handles = self.all_reduce_batch_unflushed(tensors);
         self.flush();
         handles
@@ -262,12 +273,15 @@ impl Engine {
     /// period to find the burst taken: two context switches per step on a busy host). A
     /// burst nobody waits on still starts within ten cycles; a caller that computes before
     /// waiting should use `all_reduce_batch`, whose flush starts the round meanwhile.
-    pub fn all_reduce_batch_unflushed(&self, tensors: Vec<(String, Vec<f32>)>) -> Vec<Handle> {
-        let items = tensors
-            .into_iter()
-            .map(|(name, data)| (self.all_reduce_descriptor(&name, data.len()), data))
-            .collect();
-        self.submit_many(items)
+    pub fn all_reduce_batch_unflushed<N: AsRef<str>>(
+        &self,
+        tensors: impl IntoIterator<Item = (N, Vec<f32>)>,
+    ) -> Vec<Handle> {
+        self.submit_many(
+            tensors
+                .into_iter()
+                .map(|(name, data)| (self.all_reduce_descriptor(name.as_ref(), data.len()), data)),
+        )
     }
 
     /// Says that this burst of submissions is complete (e.g. backward is done) and wakes the
@@ -284,10 +298,10 @@ impl Engine {
         }
     }
 
-    fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Arc<Descriptor>> {
+    fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Target> {
         match self.registered.get(name) {
-            Some(d) => {
-                let expected = d.shape.iter().product::<u64>() as usize;
+            Some(t) => {
+                let expected = t.desc.shape.iter().product::<u64>() as usize;
                 if len != expected {
                     return Err(Error::LengthMismatch {
                         tensor: name.into(),
@@ -295,9 +309,15 @@ impl Engine {
                         got: len,
                     });
                 }
-                Ok(Arc::clone(d))
+                Ok(t.clone())
             }
-            None => Ok(adhoc(name, OpKind::AllReduce, 0, len, worker::ADHOC_POLICY)),
+            None => Ok(Target::new(adhoc(
+                name,
+                OpKind::AllReduce,
+                0,
+                len,
+                worker::ADHOC_POLICY,
+            ))),
         }
     }
 
@@ -356,12 +376,15 @@ impl Engine {
     }
 
     fn submit(&self, desc: Arc<Descriptor>, data: Vec<f32>) -> Handle {
-        self.submit_many(vec![(Ok(desc), data)])
+        self.submit_many(vec![(Ok(Target::new(desc)), data)])
             .pop()
             .expect("one handle")
     }
 
-    fn submit_many(&self, items: Vec<(Result<Arc<Descriptor>>, Vec<f32>)>) -> Vec<Handle> {
+    fn submit_many(
+        &self,
+        items: impl IntoIterator<Item = (Result<Target>, Vec<f32>)>,
+    ) -> Vec<Handle> {
         let mut q = lock(&self.shared.queue);
         // Submitting wakes no thread (see `Shared::wait_for_work`): a waiter or a flush
         // starts the round; the first submission of a burst records when it began.
@@ -370,9 +393,9 @@ impl Engine {
         let ready_us = now_us();
         let handles = items
             .into_iter()
-            .map(|(desc, data)| {
-                let desc = match desc {
-                    Ok(d) => d,
+            .map(|(target, data)| {
+                let Target { desc, name, id } = match target {
+                    Ok(t) => t,
                     Err(e) => {
                         let name = match &e {
                             Error::LengthMismatch { tensor, .. } => tensor.as_str(),
@@ -381,7 +404,7 @@ impl Engine {
                         return Handle::failed(name.into(), e);
                     }
                 };
-                let (h, slot) = Handle::new(desc.name.as_str().into());
+                let (h, slot) = Handle::new(name);
                 let h = h.with_driver(self.shared.clone());
                 if let Some(e) = &q.fatal {
                     slot.complete(Err(e.clone()));
@@ -390,6 +413,7 @@ impl Engine {
                 } else {
                     q.subs.push(Submission {
                         desc,
+                        id,
                         data,
                         slot,
                         ready_us,
@@ -492,6 +516,26 @@ impl Drop for Engine {
     fn drop(&mut self) {
         if self.worker.is_some() {
             self.request_shutdown();
+        }
+    }
+}
+
+/// What a submission goes to: its descriptor, its name as its handle holds it (shared, not
+/// copied per submission), and its cache id when known at submission (registered tensors).
+#[derive(Clone)]
+struct Target {
+    desc: Arc<Descriptor>,
+    name: Arc<str>,
+    id: Option<usize>,
+}
+
+impl Target {
+    /// A target without a known cache id (found by name in the worker).
+    fn new(desc: Arc<Descriptor>) -> Target {
+        Target {
+            name: desc.name.as_str().into(),
+            desc,
+            id: None,
         }
     }
 }

@@ -25,7 +25,8 @@
 //! in earlier steps: `P / 2m` of them at the step with partner distance `m`):
 //!
 //! ```text
-//! tree step:  u32 count | count x (u32 rank | u32 len | len bytes: that rank's message)
+//! tree step:  u32 count | count x (u32 rank | u32 len | len bytes: that rank's message),
+//!             ranks strictly ascending
 //!             | u8 attached (0 or 1: the sender and every rank it carries attached)
 //!             | zero bytes up to a multiple of 4 from the exchange's start (0..=3)
 //!             | attached = 1: the sender's partial sums of the receiver's half, as f32
@@ -215,36 +216,42 @@ impl Message {
     }
 
     pub(crate) fn decode(peer: usize, buf: &[u8]) -> Result<Message> {
+        let mut m = Message::default();
+        m.decode_into(peer, buf)?;
+        Ok(m)
+    }
+
+    /// [`Message::decode`] into `self`, reusing its buffers (every field is overwritten;
+    /// after an error `self` holds a partial message and must not be used).
+    pub(crate) fn decode_into(&mut self, peer: usize, buf: &[u8]) -> Result<()> {
         let mut r = Reader { buf, pos: 0, peer };
         let flags = r.u8()?;
-        let now_us = r.u64()?;
-        let nbits = r.u32()? as usize;
-        let bits = r.bytes(nbits.div_ceil(8))?.to_vec();
+        self.shutdown = flags & 1 != 0;
+        self.now_us = r.u64()?;
+        self.nbits = r.u32()? as usize;
+        self.bits.clear();
+        self.bits
+            .extend_from_slice(r.bytes(self.nbits.div_ceil(8))?);
         let n = r.u32()? as usize;
         if n > r.remaining() / 12 {
             return Err(r.err("ready list longer than the message"));
         }
-        let new_ready = (0..n)
-            .map(|_| Ok((r.u32()?, r.u64()?)))
-            .collect::<Result<_>>()?;
+        self.new_ready.clear();
+        for _ in 0..n {
+            self.new_ready.push((r.u32()?, r.u64()?));
+        }
         let m = r.u32()? as usize;
         if m > r.remaining() / 8 {
             return Err(r.err("request list longer than the message"));
         }
-        let requests = (0..m)
-            .map(|_| Ok((r.u64()?, Descriptor::read(&mut r)?)))
-            .collect::<Result<_>>()?;
+        self.requests.clear();
+        for _ in 0..m {
+            self.requests.push((r.u64()?, Descriptor::read(&mut r)?));
+        }
         if r.remaining() != 0 {
             return Err(r.err("trailing bytes"));
         }
-        Ok(Message {
-            shutdown: flags & 1 != 0,
-            now_us,
-            nbits,
-            bits,
-            new_ready,
-            requests,
-        })
+        Ok(())
     }
 }
 
@@ -378,12 +385,12 @@ fn read_part<'a>(r: &mut Reader<'a>, part_len: usize) -> Result<Option<&'a [u8]>
 /// Writes a tree step's header (messages with their ranks, flag, padding) into `out`
 /// (cleared first); the sender's floats follow as a separate piece when `attached`.
 pub(crate) fn encode_tree_header<'a>(
-    msgs: impl ExactSizeIterator<Item = (usize, &'a [u8])>,
+    msgs: impl Iterator<Item = (usize, &'a [u8])> + Clone,
     attached: bool,
     out: &mut Vec<u8>,
 ) {
     out.clear();
-    out.extend_from_slice(&(msgs.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(msgs.clone().count() as u32).to_le_bytes());
     for (rank, m) in msgs {
         out.extend_from_slice(&(rank as u32).to_le_bytes());
         out.extend_from_slice(&(m.len() as u32).to_le_bytes());
@@ -402,8 +409,9 @@ pub(crate) struct TreeStep<'a> {
     pub part: Option<&'a [u8]>,
 }
 
-/// Decodes a tree step that must carry exactly `count` messages, each from a distinct rank
-/// `r < world` with `expected(r)`, and, if attached, `part_len` floats.
+/// Decodes a tree step that must carry exactly `count` messages, from ranks `r < world` with
+/// `expected(r)` in strictly ascending order (so each at most once), and, if attached,
+/// `part_len` floats.
 pub(crate) fn decode_tree_exchange<'a>(
     peer: usize,
     buf: &'a [u8],
@@ -416,14 +424,13 @@ pub(crate) fn decode_tree_exchange<'a>(
     if r.u32()? as usize != count {
         return Err(r.err("wrong number of messages in a tree step"));
     }
-    let mut seen = vec![false; world];
     let mut msgs = Vec::with_capacity(count);
     for _ in 0..count {
         let rank = r.u32()? as usize;
-        if rank >= world || !expected(rank) || seen[rank] {
+        let after_last = msgs.last().is_none_or(|&(prev, _)| rank > prev);
+        if rank >= world || !expected(rank) || !after_last {
             return Err(r.err("unexpected rank in a tree step"));
         }
-        seen[rank] = true;
         let n = r.u32()? as usize;
         msgs.push((rank, r.bytes(n)?));
     }
@@ -436,7 +443,8 @@ mod tests {
     use super::*;
 
     /// A tree step written out by hand: header round trip, alignment of the part, every
-    /// truncation refused, and ranks that are unexpected, repeated or out of the world.
+    /// truncation refused, and ranks that are unexpected, repeated, out of order or out of
+    /// the world.
     #[test]
     fn tree_step_layout_by_hand() {
         let msgs: [(usize, &[u8]); 2] = [(2, b"abc"), (6, b"")];
@@ -478,6 +486,13 @@ mod tests {
                 &mut twice,
             );
             assert!(decode_tree_exchange(1, &twice, 8, 2, even, 1).is_err());
+            let mut descending = Vec::new();
+            encode_tree_header(
+                [(6, &b"a"[..]), (2, &b"b"[..])].into_iter(),
+                false,
+                &mut descending,
+            );
+            assert!(decode_tree_exchange(1, &descending, 8, 2, even, 1).is_err());
         }
     }
 

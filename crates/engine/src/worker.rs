@@ -78,6 +78,7 @@ use crate::config::{tensor_seed, DenseAlgorithm, EngineConfig, Policy, Strategy}
 use crate::error::{Error, Result};
 use crate::fusion::{plan_groups, Clock, Exec, Item, Kind, TensorState};
 use crate::handle::Slot;
+use crate::pending::Pending;
 use crate::stats::{EngineStats, StallReport, StragglerRecord};
 use crate::timeline::{now_us, Phase, Span};
 use crate::wire::{Descriptor, Message, OpKind};
@@ -85,6 +86,9 @@ use crate::wire::{Descriptor, Message, OpKind};
 /// One submitted operation, waiting in the queue or pending negotiation.
 pub(crate) struct Submission {
     pub desc: Arc<Descriptor>,
+    /// The tensor's cache id when known at submission (a registered tensor's), else found
+    /// by name when the round takes it.
+    pub id: Option<usize>,
     pub data: Vec<f32>,
     pub slot: Arc<Slot>,
     pub ready_us: u64,
@@ -189,11 +193,16 @@ pub(crate) struct Worker {
     by_name: HashMap<String, usize>,
     /// `ready_at[id][rank]`: the rank's submit time of the pending instance, µs.
     ready_at: Vec<Vec<u64>>,
-    pending: HashMap<String, (Submission, Option<usize>)>,
+    pending: Pending,
     adhoc: Vec<Adhoc>,
     warned: HashSet<String>,
     exec: Exec,
     msg_buf: Vec<u8>,
+    /// An empty submissions buffer with capacity, swapped with the queue's each round.
+    subs_spare: Vec<Submission>,
+    /// This rank's message, and every rank's decoded one: buffers kept between rounds.
+    out_msg: Message,
+    msgs: Vec<Message>,
     gathered: Vec<Vec<u8>>,
     rd_send: Vec<u8>,
     rd_recv: Vec<u8>,
@@ -229,7 +238,7 @@ fn fail(slot: &mut Option<Worker>, e: Error) {
         s.slot.complete(Err(e.clone()));
     }
     drop(q);
-    for (_, (s, _)) in w.pending.drain() {
+    for (_, s) in w.pending.drain() {
         s.slot.complete(Err(e.clone()));
     }
     w.shared.wake.notify_all();
@@ -297,7 +306,7 @@ impl Shared {
         let Some(w) = g.as_mut() else {
             return false;
         };
-        let subs = {
+        let mut subs = {
             let mut q = lock(&self.queue);
             let due = !w.pending.is_empty() && w.last.elapsed() >= w.idle_period();
             if q.shutdown || q.exited || (q.subs.is_empty() && !due) {
@@ -305,12 +314,13 @@ impl Shared {
             }
             q.flushed_at = None;
             q.burst_began = None;
-            std::mem::take(&mut q.subs)
+            w.take_queued(&mut q)
         };
         w.last = Instant::now();
         // Not a shutdown announcement, so never the last round.
-        if let Err(e) = w.cycle(subs, false) {
-            fail(&mut g, e);
+        match w.cycle(&mut subs, false) {
+            Ok(_) => w.subs_spare = subs,
+            Err(e) => fail(&mut g, e),
         }
         true
     }
@@ -377,43 +387,19 @@ pub(crate) struct SpecDone {
 /// The speculative batch's buffers as submitted (empty unless `attach`, which means the
 /// whole batch is pending), in `spec` order: parts are sent straight from them (vectored),
 /// nothing is fused before the round.
-fn spec_batch<'a>(
-    pending: &'a HashMap<String, (Submission, Option<usize>)>,
-    spec: &[usize],
-    attach: bool,
-) -> Vec<&'a [f32]> {
+fn spec_batch<'a>(pending: &'a Pending, spec: &[usize], attach: bool) -> Vec<&'a [f32]> {
     if !attach {
         return Vec::new();
     }
-    let mut out: Vec<&[f32]> = vec![&[]; spec.len()];
-    for (i, sub) in spec_members(pending.values().map(|(s, id)| (&s.data, *id)), spec) {
-        out[i] = sub;
-    }
-    out
-}
-
-/// The speculative batch's buffers (the pending submissions of `spec`'s ids), mutable, in
-/// `spec` order; every one must be pending.
-fn batch_mut<'a>(
-    pending: &'a mut HashMap<String, (Submission, Option<usize>)>,
-    spec: &[usize],
-) -> Vec<&'a mut [f32]> {
-    let mut out: Vec<Option<&mut [f32]>> = (0..spec.len()).map(|_| None).collect();
-    for (i, sub) in spec_members(pending.values_mut().map(|(s, id)| (&mut s.data, *id)), spec) {
-        out[i] = Some(sub);
-    }
-    out.into_iter()
-        .map(|b| b.expect("the whole batch is pending"))
+    spec.iter()
+        .map(|&id| pending.data(id).expect("the whole batch is pending"))
         .collect()
 }
 
-/// The pending buffers whose cache id is in the batch `spec` (sorted), with their position
-/// in it: one pass over the pending submissions, by id (no lookups by name).
-fn spec_members<'s, B>(
-    pending: impl Iterator<Item = (B, Option<usize>)> + 's,
-    spec: &'s [usize],
-) -> impl Iterator<Item = (usize, B)> + 's {
-    pending.filter_map(move |(b, id)| Some((spec.binary_search(&id?).ok()?, b)))
+/// The speculative batch's buffers (the pending submissions of `spec`'s ids, ascending),
+/// mutable, in `spec` order; every one must be pending.
+fn batch_mut<'a>(pending: &'a mut Pending, spec: &[usize]) -> Vec<&'a mut [f32]> {
+    pending.data_mut(spec).expect("the whole batch is pending")
 }
 
 /// The pieces of the batch's element ranges `a` and `b` (disjoint), one per tensor each
@@ -467,7 +453,11 @@ fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) 
                     recv: std::ops::Range<usize>|
      -> Result<()> {
         let (a, b) = carve(batch, send, recv);
-        let out: Vec<&[u8]> = a.iter().map(|p| bytemuck::cast_slice(p)).collect();
+        // Same-sized elements: both collects reuse carve's allocations.
+        let out: Vec<&[u8]> = a
+            .into_iter()
+            .map(|p| &*bytemuck::cast_slice_mut::<f32, u8>(p))
+            .collect();
         let mut into: Vec<&mut [u8]> = b.into_iter().map(bytemuck::cast_slice_mut).collect();
         sent += out.iter().map(|p| p.len() as u64).sum::<u64>();
         t.send_recv_parts_into(to, &out, from, &mut into)
@@ -499,6 +489,15 @@ fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) 
         }
     }
     Ok(sent)
+}
+
+/// Makes `v` at least `n` long. Spare space for parts that arrive off a 4-byte boundary,
+/// which the padding makes rare: sized once, not cut and zeroed again every step (its
+/// length alternates between the tree round's steps).
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
 }
 
 /// `bytes` (a peer's floats as they arrived) read as floats: in place when they start on a
@@ -543,10 +542,13 @@ impl Worker {
             states: Vec::new(),
             by_name: HashMap::new(),
             ready_at: Vec::new(),
-            pending: HashMap::new(),
+            pending: Pending::default(),
             adhoc: Vec::new(),
             warned: HashSet::new(),
             msg_buf: Vec::new(),
+            subs_spare: Vec::new(),
+            out_msg: Message::default(),
+            msgs: Vec::new(),
             gathered: Vec::new(),
             rd_send: Vec::new(),
             rd_recv: Vec::new(),
@@ -646,6 +648,12 @@ impl Worker {
         state
     }
 
+    /// The queued submissions, leaving the queue this worker's spare (emptied) buffer: the
+    /// two swap every round instead of the queue growing a new one per burst.
+    fn take_queued(&mut self, q: &mut Queue) -> Vec<Submission> {
+        std::mem::replace(&mut q.subs, std::mem::take(&mut self.subs_spare))
+    }
+
     fn push_entry(&mut self, desc: Descriptor, state: TensorState) -> usize {
         let id = self.entries.len();
         let len = desc.shape.iter().product::<u64>() as usize;
@@ -674,7 +682,7 @@ impl Worker {
             shared.wait_for_work(period, announced, last);
             let mut g = lock(&shared.worker);
             let w = g.as_mut()?;
-            let (subs, shutdown) = {
+            let (mut subs, shutdown) = {
                 let mut q = lock(&shared.queue);
                 let due = w.last.elapsed() >= w.idle_period();
                 let announce = q.shutdown && !w.announced_shutdown;
@@ -684,11 +692,11 @@ impl Worker {
                 q.flushed_at = None;
                 q.burst_began = None;
                 w.announced_shutdown |= q.shutdown;
-                (std::mem::take(&mut q.subs), q.shutdown)
+                (w.take_queued(&mut q), q.shutdown)
             };
             w.last = Instant::now();
-            match w.cycle(subs, shutdown) {
-                Ok(true) => {}
+            match w.cycle(&mut subs, shutdown) {
+                Ok(true) => w.subs_spare = subs,
                 Ok(false) => {
                     let w = g.take().expect("checked above");
                     let mut q = lock(&shared.queue);
@@ -723,44 +731,58 @@ impl Worker {
     }
 
     /// One negotiation round and the execution of what it found ready. `Ok(false)`: done.
-    fn cycle(&mut self, subs: Vec<Submission>, shutdown: bool) -> Result<bool> {
-        let mut msg = Message {
-            shutdown,
-            now_us: now_us(),
-            ..Default::default()
-        };
-        for sub in subs {
-            let name = sub.desc.name.clone();
-            if self.pending.contains_key(&name) {
-                sub.slot
-                    .complete(Err(Error::AlreadyPending { tensor: name }));
+    fn cycle(&mut self, subs: &mut Vec<Submission>, shutdown: bool) -> Result<bool> {
+        // This round's message and the decoded ones reuse last round's buffers.
+        let mut msg = std::mem::take(&mut self.out_msg);
+        msg.shutdown = shutdown;
+        msg.now_us = now_us();
+        msg.new_ready.clear();
+        msg.requests.clear();
+        for sub in subs.drain(..) {
+            // A registered tensor's submission carries its id and its descriptor is the
+            // agreed one by construction; any other is looked up by name and compared.
+            let id = match sub.id {
+                Some(id) => Some(id),
+                None => match self.by_name.get(&sub.desc.name) {
+                    Some(&id) => {
+                        if let Some((field, a, b)) = self.entries[id].desc.diff(&sub.desc) {
+                            sub.slot.complete(Err(Error::Mismatch {
+                                tensor: sub.desc.name.clone(),
+                                field,
+                                reference: self.rank,
+                                ranks: vec![self.rank],
+                                detail: format!("agreed: {a}, submitted here: {b}"),
+                            }));
+                            continue;
+                        }
+                        Some(id)
+                    }
+                    None => None,
+                },
+            };
+            debug_assert!(id.is_none_or(|id| self.entries[id].desc == *sub.desc));
+            let already = match id {
+                Some(id) => self.pending.has_id(id),
+                None => self.pending.has_new(&sub.desc.name),
+            };
+            if already {
+                sub.slot.complete(Err(Error::AlreadyPending {
+                    tensor: sub.desc.name.clone(),
+                }));
                 continue;
             }
-            match self.by_name.get(&name) {
-                Some(&id) => {
-                    if let Some((field, a, b)) = self.entries[id].desc.diff(&sub.desc) {
-                        sub.slot.complete(Err(Error::Mismatch {
-                            tensor: name,
-                            field,
-                            reference: self.rank,
-                            ranks: vec![self.rank],
-                            detail: format!("agreed: {a}, submitted here: {b}"),
-                        }));
-                        continue;
-                    }
+            match id {
+                Some(id) => {
                     msg.new_ready.push((id as u32, sub.ready_us));
-                    self.pending.insert(name, (sub, Some(id)));
+                    self.pending.insert_id(id, sub);
                 }
                 None => {
                     msg.requests.push((sub.ready_us, (*sub.desc).clone()));
-                    self.pending.insert(name, (sub, None));
+                    self.pending.insert_new(sub);
                 }
             }
         }
-        msg.set_bits(
-            self.entries.len(),
-            self.pending.values().filter_map(|(_, id)| *id),
-        );
+        msg.set_bits(self.entries.len(), self.pending.ids());
         msg.encode(&mut self.msg_buf);
         let before = self.t.bytes_sent();
         if msg
@@ -770,15 +792,16 @@ impl Worker {
         {
             self.spec_tries = 0;
         }
+        let own_now = msg.now_us;
+        self.out_msg = msg;
         let spec = self.negotiate()?;
         let spec_bytes = spec.as_ref().map_or(0, |d| d.bytes);
         let negotiated_us = now_us();
-        let msgs = self
-            .gathered
-            .iter()
-            .enumerate()
-            .map(|(r, b)| Message::decode(r, b))
-            .collect::<Result<Vec<_>>>()?;
+        let mut msgs = std::mem::take(&mut self.msgs);
+        msgs.resize_with(self.world, Message::default);
+        for (r, (m, b)) in msgs.iter_mut().zip(&self.gathered).enumerate() {
+            m.decode_into(r, b)?;
+        }
         {
             let mut st = lock(&self.shared.stats);
             st.bytes.negotiation_bytes += self
@@ -789,7 +812,7 @@ impl Worker {
             st.cycles += 1;
             st.speculative_rounds += u64::from(spec.is_some());
         }
-        let now = msgs.iter().map(|m| m.now_us).max().unwrap_or(msg.now_us);
+        let now = msgs.iter().map(|m| m.now_us).max().unwrap_or(own_now);
         let all_shutdown = msgs.iter().all(|m| m.shutdown);
         for (r, m) in msgs.iter().enumerate() {
             if m.nbits != self.entries.len() {
@@ -828,14 +851,17 @@ impl Worker {
             // Every rank sent the batch, so every rank had all of it pending: it is ready.
             debug_assert!(self.spec.iter().all(|id| ready.contains(id)));
             ready.retain(|id| self.spec.binary_search(id).is_err());
-            let group = self.spec.clone();
-            self.run_group(&group, negotiated_us, Some(done))?;
+            let group = std::mem::take(&mut self.spec);
+            let res = self.run_group(&group, negotiated_us, Some(done));
+            self.spec = group;
+            res?;
         }
         self.execute(&ready, negotiated_us)?;
         if all_shutdown {
             self.fail_unmatched(&msgs);
             return Ok(false);
         }
+        self.msgs = msgs;
         Ok(true)
     }
 
@@ -877,11 +903,8 @@ impl Worker {
             )?;
             return Ok(None);
         }
-        let attach = self.spec_tries < SPEC_TRIES
-            && self
-                .spec
-                .iter()
-                .all(|&id| self.pending.contains_key(&self.entries[id].desc.name));
+        let attach =
+            self.spec_tries < SPEC_TRIES && self.spec.iter().all(|&id| self.pending.has_id(id));
         self.spec_tries += u32::from(attach);
         let len: usize = self.spec.iter().map(|&id| self.entries[id].len).sum();
         self.gathered.resize_with(world, Vec::new);
@@ -950,8 +973,8 @@ impl Worker {
         }
         // Each peer's part is summed where it arrived (a part off a 4-byte boundary, which
         // the padding makes rare, is copied out first).
-        self.spec_parts.resize(world * m, 0.0);
-        let mut spare = self.spec_parts.chunks_mut(m.max(1));
+        grow(&mut self.spec_parts, world * m);
+        let mut spare = self.spec_parts[..world * m].chunks_mut(m.max(1));
         let mut parts: Vec<&[f32]> = Vec::with_capacity(world);
         for (r, at) in part_at.iter().enumerate() {
             let sp: &mut [f32] = if m == 0 {
@@ -1011,12 +1034,13 @@ impl Worker {
             let gr = span(len, world, give.0, give.1);
             // Before this step a rank knows the ranks that differ from it above `mask`.
             let known = |of: usize, r: usize| (r ^ of) & (2 * mask - 1) == 0;
-            let carried: Vec<(usize, &[u8])> = (0..world)
+            let gathered = &self.gathered;
+            let carried = (0..world)
                 .filter(|&r| known(rank, r))
-                .map(|r| (r, &self.gathered[r][..]))
-                .collect();
-            crate::wire::encode_tree_header(carried.into_iter(), all, &mut self.rd_send);
-            let mut pieces: Vec<&[u8]> = vec![&self.rd_send];
+                .map(|r| (r, &gathered[r][..]));
+            crate::wire::encode_tree_header(carried, all, &mut self.rd_send);
+            let mut pieces: Vec<&[u8]> = Vec::with_capacity(1 + batch.len().max(1));
+            pieces.push(&self.rd_send);
             if all {
                 part_bytes += 4 * gr.len() as u64;
                 if first {
@@ -1043,7 +1067,7 @@ impl Worker {
                 self.gathered[r].extend_from_slice(m);
             }
             if let (true, Some(part)) = (all, step.part) {
-                self.spec_parts.resize(kr.len(), 0.0);
+                grow(&mut self.spec_parts, kr.len());
                 let other = floats_in_place(part, &mut self.spec_parts[..kr.len()]);
                 if first {
                     base = kr.start;
@@ -1112,7 +1136,7 @@ impl Worker {
                     detail: format!("rank 0: {a0}, rank {r}: {ar}"),
                 };
                 tracing::error!("{e}");
-                if let Some((s, _)) = self.pending.remove(&a.name) {
+                if let Some(s) = self.pending.take_new(&a.name) {
                     s.slot.complete(Err(e));
                 }
                 continue;
@@ -1138,8 +1162,8 @@ impl Worker {
             for (r, (t, _)) in entries.iter().enumerate() {
                 self.ready_at[id][r] = *t;
             }
-            if let Some((_, slot_id)) = self.pending.get_mut(&a.name) {
-                *slot_id = Some(id);
+            if let Some(s) = self.pending.take_new(&a.name) {
+                self.pending.insert_id(id, s);
             }
             ready.push(id);
         }
@@ -1238,12 +1262,12 @@ impl Worker {
         let mut subs: Vec<Submission> = group
             .iter()
             .map(|&id| {
-                let name = &self.entries[id].desc.name;
-                self.warned.remove(name);
+                if !self.warned.is_empty() {
+                    self.warned.remove(&self.entries[id].desc.name);
+                }
                 self.pending
-                    .remove(name)
+                    .take_id(id)
                     .expect("ready tensors are pending here")
-                    .0
             })
             .collect();
         let kind = self.states[group[0]].kind;
@@ -1285,17 +1309,15 @@ impl Worker {
             return Err(e);
         }
         // Stragglers: per rank, the latest submit time among the group's tensors.
-        let per_rank: Vec<u64> = (0..self.world)
-            .map(|r| {
-                group
-                    .iter()
-                    .map(|&id| self.ready_at[id][r])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
+        let per_rank = (0..self.world).map(|r| {
+            group
+                .iter()
+                .map(|&id| self.ready_at[id][r])
+                .max()
+                .unwrap_or(0)
+        });
         let (mut last_rank, mut hi, mut lo) = (0, 0u64, u64::MAX);
-        for (r, &t) in per_rank.iter().enumerate() {
+        for (r, t) in per_rank.enumerate() {
             if t > hi {
                 hi = t;
                 last_rank = r;
@@ -1351,7 +1373,8 @@ impl Worker {
 
     /// At shutdown: what some ranks submitted and others never did fails, naming them.
     fn fail_unmatched(&mut self, msgs: &[Message]) {
-        for (name, (s, id)) in self.pending.drain() {
+        for (id, s) in self.pending.drain() {
+            let name = s.desc.name.clone();
             let missing = match id {
                 Some(id) => (0..self.world).filter(|&r| !msgs[r].bit(id)).collect(),
                 None => self

@@ -45,10 +45,7 @@ fn idle_engines_run_no_rounds_and_burn_no_cpu() {
                     let r = t.rank() as f32;
                     let e = Engine::start(t, EngineConfig::default(), tensors).unwrap();
                     // One step, so the response cache and the speculative batch are warm.
-                    let hs = e.all_reduce_batch(vec![
-                        ("w".into(), vec![r; 64 * 32]),
-                        ("b".into(), vec![r; 32]),
-                    ]);
+                    let hs = e.all_reduce_batch(vec![("w", vec![r; 64 * 32]), ("b", vec![r; 32])]);
                     for h in hs {
                         h.wait().unwrap();
                     }

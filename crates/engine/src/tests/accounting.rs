@@ -330,8 +330,7 @@ fn speculative_steps(
             tensors
                 .iter()
                 .enumerate()
-                .map(|(i, s)| (s.name.clone(), grad(rank, step, i, s.len())))
-                .collect(),
+                .map(|(i, s)| (s.name.as_str(), grad(rank, step, i, s.len()))),
         );
         res.push(
             hs.into_iter()

@@ -288,8 +288,7 @@ fn fusion_happens_and_matches_unfused_with_many_tensors() {
             let hs = e.all_reduce_batch(
                 lens.iter()
                     .enumerate()
-                    .map(|(i, &len)| (format!("t{i}"), grad(rank, 0, i, len)))
-                    .collect(),
+                    .map(|(i, &len)| (format!("t{i}"), grad(rank, 0, i, len))),
             );
             let out: Vec<Vec<f32>> = hs.into_iter().map(|h| h.wait().unwrap()).collect();
             let groups = e.stats().stragglers.collectives;

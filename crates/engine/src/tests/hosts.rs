@@ -69,8 +69,7 @@ fn run(
                             tensors
                                 .iter()
                                 .enumerate()
-                                .map(|(i, ts)| (ts.name.clone(), g(rank, step, i, ts.len())))
-                                .collect(),
+                                .map(|(i, ts)| (ts.name.clone(), g(rank, step, i, ts.len()))),
                         );
                         out.push(hs.into_iter().map(|h| h.wait().unwrap()).collect());
                     }

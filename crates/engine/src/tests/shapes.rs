@@ -35,8 +35,7 @@ fn engine_run(n: usize, cfg: &EngineConfig, tensors: &[TensorSpec]) -> Vec<Vec<V
                     tensors
                         .iter()
                         .enumerate()
-                        .map(|(i, s)| (s.name.clone(), grad(rank, step, i, s.len())))
-                        .collect(),
+                        .map(|(i, s)| (s.name.clone(), grad(rank, step, i, s.len()))),
                 );
                 hs.into_iter().map(|h| h.wait().unwrap()).collect()
             })
@@ -248,8 +247,7 @@ fn stripe_sends_fewer_bytes_than_gather_for_onebit() {
                 tensors
                     .iter()
                     .enumerate()
-                    .map(|(i, s)| (s.name.clone(), grad(rank, 0, i, s.len())))
-                    .collect(),
+                    .map(|(i, s)| (s.name.clone(), grad(rank, 0, i, s.len()))),
             );
             hs.into_iter().for_each(|h| drop(h.wait().unwrap()));
             let b = e.stats().bytes.wire_bytes;
@@ -313,8 +311,8 @@ fn terngrad_keeps_an_output_tensor_exact() {
                 let rank = t.rank();
                 let e = Engine::start(t, cfg.clone(), &tensors).unwrap();
                 let hs = e.all_reduce_batch(vec![
-                    ("out.weight".into(), grad(rank, 0, 0, 200)),
-                    ("fc.weight".into(), grad(rank, 0, 1, 200)),
+                    ("out.weight", grad(rank, 0, 0, 200)),
+                    ("fc.weight", grad(rank, 0, 1, 200)),
                 ]);
                 let r: Vec<_> = hs.into_iter().map(|h| h.wait().unwrap()).collect();
                 e.shutdown().unwrap();

@@ -141,15 +141,12 @@ impl EngineSync {
         self.step += 1;
         let wire_before = engine.bytes().wire_bytes;
         let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
-        let batch = order
-            .iter()
-            .map(|&i| {
-                (
-                    self.names[i].clone(),
-                    grads[self.ranges[i].clone()].to_vec(),
-                )
-            })
-            .collect();
+        let batch = order.iter().map(|&i| {
+            (
+                self.names[i].as_str(),
+                grads[self.ranges[i].clone()].to_vec(),
+            )
+        });
         let handles = if flush {
             engine.all_reduce_batch(batch)
         } else {

@@ -3,7 +3,7 @@
 //! size limit, the no-progress deadline, and the abort notice that tells every rank which
 //! rank failed.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
@@ -20,16 +20,30 @@ pub(super) enum Sink<'a, 'b> {
     Pieces(&'a mut [&'b mut [u8]]),
 }
 
-/// The unfilled rest of the piece that holds payload byte `off` (empty past the end: never
-/// asked for, the caller stops at the message's length).
-fn piece_at<'p>(pieces: &'p mut [&mut [u8]], mut off: usize) -> &'p mut [u8] {
+/// Reads into the pieces from payload byte `off` on: one `readv` over the unfilled rest of
+/// up to [`MAX_IOV`] pieces (no allocation), so a message spread over many small pieces
+/// does not cost a system call per piece. `Ok(0)` only at end of stream (the caller stops
+/// at the message's length, so some piece is unfilled).
+fn read_pieces(
+    stream: &mut impl Read,
+    pieces: &mut [&mut [u8]],
+    mut off: usize,
+) -> io::Result<usize> {
+    let mut iov: [IoSliceMut<'_>; MAX_IOV] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
+    let mut n = 0;
     for p in pieces.iter_mut() {
-        if off < p.len() {
-            return &mut p[off..];
+        if off >= p.len() {
+            off -= p.len();
+            continue;
         }
-        off -= p.len();
+        iov[n] = IoSliceMut::new(&mut p[off..]);
+        off = 0;
+        n += 1;
+        if n == MAX_IOV {
+            break;
+        }
     }
-    &mut []
+    stream.read_vectored(&mut iov[..n])
 }
 
 /// Bytes to write on one connection: `head` then the pieces of `body` in order (a frame
@@ -209,7 +223,7 @@ impl Tcp {
                         match sink {
                             Sink::Vec(v) => super::sys::read_into_spare(stream, v, end - off),
                             Sink::Slice(s) => stream.read(&mut s[off..end]),
-                            Sink::Pieces(ps) => stream.read(piece_at(ps, off)),
+                            Sink::Pieces(ps) => read_pieces(stream, ps, off),
                         }
                     };
                     match r {
@@ -496,5 +510,66 @@ fn io_error(peer: usize, op: Op, e: io::Error) -> Error {
             op,
             source: e,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that hands out at most `chunk` bytes per call, vectored or not (as a socket
+    /// with little data queued does).
+    struct Trickle<'a> {
+        data: &'a [u8],
+        chunk: usize,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.read_vectored(&mut [IoSliceMut::new(buf)])
+        }
+        fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+            let mut n = 0;
+            for b in bufs.iter_mut() {
+                let k = b.len().min(self.chunk - n).min(self.data.len());
+                b[..k].copy_from_slice(&self.data[..k]);
+                self.data = &self.data[k..];
+                n += k;
+                if n == self.chunk || self.data.is_empty() {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+    }
+
+    /// Reading a message into pieces call after call (each from the offset reached so far)
+    /// fills them with exactly the message, whatever the cut: empty pieces, more pieces than
+    /// one `readv` takes, and reads that stop inside a piece.
+    #[test]
+    fn pieces_fill_with_the_message_in_order() {
+        let lens: Vec<usize> = vec![
+            0, 3, 1, 0, 5, 2, 2, 0, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 0, 9,
+        ];
+        let total: usize = lens.iter().sum();
+        let msg: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+        for chunk in [1, 2, 3, 5, 8, 13, total] {
+            let mut store: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0xEE; n]).collect();
+            let mut pieces: Vec<&mut [u8]> = store.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut src = Trickle { data: &msg, chunk };
+            let (mut got, mut calls) = (0, 0);
+            while got < total {
+                let k = read_pieces(&mut src, &mut pieces, got).unwrap();
+                assert!(k > 0, "chunk {chunk}: no progress at {got}");
+                got += k;
+                calls += 1;
+            }
+            assert_eq!(got, total);
+            assert_eq!(store.concat(), msg, "chunk {chunk}");
+            if chunk == total {
+                // 21 pieces, 17 of them non-empty, at most 16 per readv: two calls.
+                assert_eq!(calls, 2);
+            }
+        }
     }
 }
