@@ -72,6 +72,7 @@ use gradwire_codec::{BuildContext, CodecConfig, Progress, TensorInfo};
 use gradwire_collective::compressed::{
     Leg, PowerSgdAllReduce, QuantizedAllReduce, StripeAllReduce,
 };
+use gradwire_collective::{Element, ReduceOp};
 use gradwire_transport::Transport;
 
 use crate::config::{tensor_seed, DenseAlgorithm, EngineConfig, Policy, Strategy};
@@ -1008,8 +1009,9 @@ impl Worker {
     /// sender and every rank it carries attached, its partial sums of the half the receiver
     /// keeps (`wire::encode_tree_header`). The first step sends straight from the
     /// submissions and writes `own + partner` into `tree_acc` (the kept half); later steps
-    /// send from and add into `tree_acc`. After `log2 P` steps every rank knows every flag;
-    /// when all attached, its chunk is divided by `P` and written into the submissions.
+    /// send from and add into `tree_acc`, except the last (partner distance 1): it knows every
+    /// flag, and when all attached it writes `acc + partner` (on two ranks `own + partner`)
+    /// straight into this rank's chunk of the submissions and divides it there by `P`.
     /// Returns the part bytes sent then, else `None` (the submissions untouched).
     fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         use gradwire_collective::chunks::span;
@@ -1066,6 +1068,32 @@ impl Worker {
                 self.gathered[r].clear();
                 self.gathered[r].extend_from_slice(m);
             }
+            if mask == 1 {
+                // The last step: `kr` is this rank's chunk. When every rank attached, the sum
+                // goes straight into the submissions and is divided there: the additions and
+                // the division of summing into `tree_acc` first, without the copy out of it.
+                let Some(part) = step.part.filter(|_| all) else {
+                    return Ok(None);
+                };
+                grow(&mut self.spec_parts, kr.len());
+                let other = floats_in_place(part, &mut self.spec_parts[..kr.len()]);
+                let mut outs = batch_mut(&mut self.pending, &self.spec);
+                let (own, _) = carve(&mut outs, kr.clone(), 0..0);
+                let mut at = 0;
+                for piece in own {
+                    let (n, theirs) = (piece.len(), &other[at..at + piece.len()]);
+                    if first {
+                        // own + theirs, in place (a world of two: no partial sums yet).
+                        <f32 as Element>::reduce(ReduceOp::Sum, piece, theirs);
+                    } else {
+                        let acc = &self.tree_acc[kr.start - base + at..][..n];
+                        crate::dense::add_into(piece, acc, theirs);
+                    }
+                    <f32 as Element>::divide(piece, world);
+                    at += n;
+                }
+                return Ok(Some(part_bytes));
+            }
             if let (true, Some(part)) = (all, step.part) {
                 grow(&mut self.spec_parts, kr.len());
                 let other = floats_in_place(part, &mut self.spec_parts[..kr.len()]);
@@ -1092,20 +1120,9 @@ impl Worker {
             mask /= 2;
             first = false;
         }
-        if !all {
-            return Ok(None);
-        }
-        let mine = gradwire_collective::chunks::range(len, world, rank);
-        let acc = &mut self.tree_acc[mine.start - base..mine.end - base];
-        <f32 as gradwire_collective::Element>::divide(acc, world);
-        let mut outs = batch_mut(&mut self.pending, &self.spec);
-        let (own, _) = carve(&mut outs, mine, 0..0);
-        let mut at = 0;
-        for piece in own {
-            piece.copy_from_slice(&acc[at..at + piece.len()]);
-            at += piece.len();
-        }
-        Ok(Some(part_bytes))
+        // The last step (mask 1) returned; only a world of one gets here, and it never
+        // speculates (nothing to exchange): the normal path then runs.
+        Ok(None)
     }
 
     /// Checks and caches the uncached tensors every rank has now requested.
