@@ -57,7 +57,11 @@
 //! `P-1` steps, each coupling every rank, plus `log2 P` for the all-gather, against
 //! Rabenseifner's `2 log2 P`; on power-of-two worlds the round now follows recursive
 //! halving. Engine over flat went from 0.41-0.48x to 0.76-0.90x (idle, interleaved, three
-//! rounds each: `docs/bench-engine`); still short of flat.
+//! rounds each: `docs/bench-engine`). Session 9 removed per-step bookkeeping: a futex wake
+//! per completed handle (slots wake only sleepers), about 60 of 110 allocations (pending
+//! submissions by cache id, buffers kept between rounds), a zeroing and a copy of the chunk:
+//! 0.96-1.10x, with session 8's engine at 0.82-1.02x in the same runs; still not reliably at
+//! or above flat.
 //!
 //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
