@@ -765,7 +765,8 @@ impl Worker {
                     None => None,
                 },
             };
-            debug_assert!(id.is_none_or(|id| self.entries[id].desc == *sub.desc));
+            // A registered tensor's descriptor is the agreed one (the same registration).
+            debug_assert!(sub.id.is_none_or(|id| self.entries[id].desc == *sub.desc));
             let already = match id {
                 Some(id) => self.pending.has_id(id),
                 None => self.pending.has_new(&sub.desc.name),
