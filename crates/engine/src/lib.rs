@@ -112,26 +112,25 @@ pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
 
 use worker::{lock, Queue, Shared, Submission, Worker};
 
-/// The engine builds one codec per tensor, so `topk:scope=global` (Aji & Heafield's one
-/// threshold over the whole gradient) selects within each tensor here, exactly as
-/// `scope=tensor`: said once at start when it applies to several tensors, instead of
-/// silently (the paper's global selection runs where one codec sees the flat gradient, the
-/// parameter server's `--sync ps-sync`).
+/// `topk:scope=global` (Aji & Heafield's one threshold over the whole gradient) selects over
+/// all tensors of its policy at once under the sparse all-reduce and gather strategies
+/// ([`worker::selection_units`]); the quantized ring's codecs see one ring chunk each, so
+/// there it selects per chunk: said once at start instead of silently.
 fn warn_global_topk(policies: &[Policy]) {
-    let global: Vec<&str> = policies
+    let chunked = policies
         .iter()
         .filter(|p| {
-            matches!(&p.codec, gradwire_codec::CodecConfig::TopK(c)
+            p.strategy == Strategy::Quantized
+                && matches!(&p.codec, gradwire_codec::CodecConfig::TopK(c)
                 if c.scope == gradwire_codec::TopKScope::Global)
         })
-        .map(|p| p.tensor.name.as_str())
-        .collect();
-    if global.len() > 1 {
+        .count();
+    if chunked > 0 {
         tracing::warn!(
-            tensors = global.len(),
-            "topk scope=global selects the top entries of each tensor separately through the \
-             engine (one codec per tensor, as scope=tensor); the paper's single threshold over \
-             the whole gradient runs under --sync ps-sync"
+            tensors = chunked,
+            "topk scope=global under the quantized strategy selects the top entries of each \
+             ring chunk separately; its single threshold over all tensors runs under the \
+             sparse (default) and gather strategies"
         );
     }
 }
