@@ -17,6 +17,9 @@
 //!   space. Each index's sum has the same operands in the same recursive-doubling order as
 //!   unfused (the dense switch changes the encoding, not the arithmetic; `x + 0.0 == x` except
 //!   for `-0.0`).
+//! - *selection units* (`topk:scope=global` under sparse or gather): the unit's tensors are
+//!   always one group, whatever `fusion_bytes` says, and one codec selects over their
+//!   concatenation (the unit's definition, not an optimization: there is no unfused form).
 //! - *quantized*: never fused (the ring's chunks, hence each chunk codec's quantization and the
 //!   summation order, depend on the tensor's length).
 //! - *stripe*, *powersgd*: never fused either: the stripes (whole columns of each tensor) and

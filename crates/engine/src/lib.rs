@@ -16,6 +16,12 @@
 //! - Each cycle the ranks negotiate which named tensors are ready everywhere (the response
 //!   cache makes it one bit per tensor), and execute them in the same order, fused
 //!   ([`fusion`] says why fused and unfused results are bit-identical).
+//! - Codecs are built per tensor, except a selection unit: `topk:scope=global` (Aji &
+//!   Heafield's one threshold over the whole gradient) under the sparse all-reduce or gather
+//!   strategy gives all tensors of that policy one codec whose layout is all of them; the
+//!   unit runs once all its tensors are ready everywhere (a tensor of it that no rank submits
+//!   holds the others back, and the stall inspector names it), as one top-k over their
+//!   concatenation and one collective, each tensor getting its slice.
 //! - Mismatches (name, shape, dtype, op, codec) are errors naming the tensor and the ranks,
 //!   within one cycle; a tensor some ranks never submit is reported by the stall inspector;
 //!   a transport failure reaches every pending handle, naming the rank.
