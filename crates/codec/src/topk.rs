@@ -15,24 +15,21 @@
 //! `min(k, nnz(x))` pairs, the same set as `select=exact` up to the order of ties.
 //! `select=exact` does a full `select_nth_unstable` over all magnitudes (slower; a reference).
 //!
-//! Exchange, and what learns (LeNet / Fashion-MNIST, 4 workers, SGD lr 0.05, momentum 0.9,
-//! 5 epochs; docs/fidelity.md has the commands and per-seed figures). The exchange costs
-//! nothing here: one selection per rank, summed exactly (`--sync auto` = the sparse
-//! all-reduce; `--sync gather` is no better: 77.01 / 74.60% after epoch 1 on seeds 1 / 3
-//! against 78.10 / 77.07%). What differs from the paper is the scope: `gradwire train`'s
-//! engine builds one codec per tensor (its layout is that one tensor), so through every
-//! all-reduce route `scope=global` selects the top 1% of each tensor, exactly as
-//! `scope=tensor` (same accuracies to the last digit, seeds 1 / 3, with and without
-//! momentum correction). The paper's one threshold over the whole gradient runs only where
-//! the codec sees the flat gradient: `--sync ps-sync` (one flat parameter table, one push
-//! per worker). There, in paper mode (momentum after aggregation), epoch 1 gives
-//! 81.80 / 83.17% on seeds 1 / 3 (ps-sync dense: 84.61% on seed 1; the shard sums in
-//! arrival order, so ps runs do not repeat bit for bit), and 5 epochs 87.85 / 87.17 / 87.75%
-//! on seeds 1 / 2 / 3 (mean 87.59, -0.86 against dense's 88.45; per tensor -2.59), the same
-//! as per-tensor selection with `--momentum-correction on` (-0.86). Pushes are 75x smaller
-//! than dense; the pulls are dense. Global selection with momentum correction through an
-//! all-reduce needs the engine to select over all tensors at once (not implemented); the
-//! engine logs a warning at start when `scope=global` applies to several tensors.
+//! Scope through `gradwire train`: the engine gives all tensors of a `scope=global` policy one
+//! codec whose layout is all of them (a selection unit, `gradwire-engine`'s `fusion` and
+//! `worker` modules): one top-k over their concatenation per step, one sparse all-reduce
+//! (`--sync auto`) or one all-gather (`--sync gather`), as in the paper. Only the quantized
+//! ring (`--sync quantized`) selects per ring chunk (its codecs see one chunk each; the
+//! engine warns). `scope=tensor` selects per tensor everywhere.
+//!
+//! What learns (LeNet / Fashion-MNIST, 4 workers, SGD lr 0.05, momentum 0.9, 5 epochs, seeds
+//! 1 / 2 / 3; docs/fidelity.md has the commands and per-seed figures): the global threshold
+//! ends at 87.46% mean in paper mode (momentum after aggregation; -1.07 against dense's 88.53
+//! measured with the same binary) and 88.22% with `--momentum-correction on` (-0.31), at
+//! 16.8-17.4x. Per-tensor selection (the engine before `8caf978`) ended 2.59 and 0.86 points
+//! under dense; the parameter server's global threshold (`--sync ps-sync`) 0.86. The
+//! char-LSTM (`lstm:hidden=128`, 6 epochs): validation perplexity 6.60 in paper mode and 6.58
+//! with momentum correction against dense's 6.12 (per tensor: 7.11 / 6.73).
 //!
 //! Wire layout (the shared sparse payload, little-endian):
 //! ```text

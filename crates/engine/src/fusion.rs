@@ -17,6 +17,9 @@
 //!   space. Each index's sum has the same operands in the same recursive-doubling order as
 //!   unfused (the dense switch changes the encoding, not the arithmetic; `x + 0.0 == x` except
 //!   for `-0.0`).
+//! - *selection units* (`topk:scope=global` under sparse or gather): the unit's tensors are
+//!   always one group, whatever `fusion_bytes` says, and one codec selects over their
+//!   concatenation (the unit's definition, not an optimization: there is no unfused form).
 //! - *quantized*: never fused (the ring's chunks, hence each chunk codec's quantization and the
 //!   summation order, depend on the tensor's length).
 //! - *stripe*, *powersgd*: never fused either: the stripes (whole columns of each tensor) and
@@ -44,6 +47,13 @@ pub(crate) enum Kind {
     Dense,
     Gather,
     Sparse,
+    /// The tensors of a global-scope top-k policy under the gather strategy: one selection
+    /// over their concatenation (the unit's index, see [`Kind::SparseUnit`]).
+    GatherUnit(usize),
+    /// The tensors of a global-scope top-k policy under the sparse all-reduce: one codec (on
+    /// the group's first tensor) selects over their concatenation and one sparse all-reduce
+    /// sums it; always one group holding the whole unit.
+    SparseUnit(usize),
     Quantized,
     Stripe,
     PowerSgd,
@@ -57,11 +67,17 @@ impl Kind {
     fn fusable(self) -> bool {
         !matches!(self, Kind::Quantized | Kind::Stripe | Kind::PowerSgd)
     }
+
+    /// A selection unit: its tensors travel together whatever their size.
+    fn unit(self) -> bool {
+        matches!(self, Kind::GatherUnit(_) | Kind::SparseUnit(_))
+    }
 }
 
 /// Splits `ready` (ids in execution order, with their kind and raw bytes) into groups: per
 /// kind in order of first appearance, consecutive tensors while the group stays within
-/// `fusion_bytes` (a bigger tensor travels alone; 0 = no fusion).
+/// `fusion_bytes` (a bigger tensor travels alone; 0 = no fusion). A selection unit's tensors
+/// form one group whatever `fusion_bytes` says (the unit selects over all of them).
 pub(crate) fn plan_groups(ready: &[(usize, Kind, usize)], fusion_bytes: usize) -> Vec<Vec<usize>> {
     let mut kinds: Vec<Kind> = Vec::new();
     for &(_, k, _) in ready {
@@ -74,7 +90,8 @@ pub(crate) fn plan_groups(ready: &[(usize, Kind, usize)], fusion_bytes: usize) -
         let mut cur: Vec<usize> = Vec::new();
         let mut bytes = 0usize;
         for &(id, kind, b) in ready.iter().filter(|r| r.1 == k) {
-            let fits = kind.fusable() && !cur.is_empty() && bytes + b <= fusion_bytes;
+            let fits =
+                kind.fusable() && !cur.is_empty() && (kind.unit() || bytes + b <= fusion_bytes);
             if !fits && !cur.is_empty() {
                 groups.push(std::mem::take(&mut cur));
                 bytes = 0;
@@ -215,6 +232,7 @@ impl Exec {
             Kind::Dense => self.dense(t, items, clock),
             Kind::Gather => self.gather(t, items, mask, clock),
             Kind::Sparse => self.sparse(t, items, mask, clock),
+            Kind::GatherUnit(_) | Kind::SparseUnit(_) => self.unit(t, items, mask, clock),
             // Strategies whose state belongs to one tensor: each reduces alone.
             Kind::Quantized | Kind::Stripe | Kind::PowerSgd => {
                 clock.mark(Phase::Fuse);
@@ -470,6 +488,93 @@ impl Exec {
             }
         }
         self.fused = out;
+        clock.mark(Phase::Unfuse);
+        Ok(res?)
+    }
+
+    /// A selection unit (a global-scope top-k policy's tensors, all of them, in registration
+    /// order): the first item's codec, built over the layout of all of them, selects once
+    /// over their concatenation (its residual is the concatenation's); the selection is
+    /// summed by one sparse all-reduce ([`Kind::SparseUnit`]) or all-gathered and decoded in
+    /// rank order ([`Kind::GatherUnit`]), then each tensor takes its slice of the mean.
+    fn unit(
+        &mut self,
+        t: &mut dyn Transport,
+        items: &mut [Item<'_>],
+        mask: bool,
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let world = t.world_size();
+        let sparse = matches!(items[0].state.kind, Kind::SparseUnit(_));
+        let mut cat = std::mem::take(&mut self.scratch);
+        cat.clear();
+        for it in items.iter() {
+            cat.extend_from_slice(it.data);
+        }
+        clock.mark(Phase::Fuse);
+        let codec = items[0].state.codec.as_mut().expect("the unit's codec");
+        self.pairs.clear();
+        if sparse {
+            codec.encode_sparse(&cat, &mut self.pairs);
+        } else {
+            codec.encode(&cat, &mut self.payload);
+            if mask {
+                // The sent entries, read back from this rank's own payload.
+                cat.fill(0.0);
+                codec
+                    .decode_add(&self.payload, &mut cat)
+                    .map_err(|source| gradwire_collective::Error::Decode {
+                        peer: t.rank(),
+                        source,
+                    })?;
+                let sent = cat.iter().enumerate().filter(|(_, &x)| x != 0.0);
+                self.pairs.indices.extend(sent.map(|(i, _)| i as u32));
+            }
+        }
+        if mask {
+            // Momentum factor masking: zero u at the sent indices (increasing), tensor by
+            // tensor.
+            let (mut it, mut off) = (0, 0usize);
+            for &i in &self.pairs.indices {
+                let i = i as usize;
+                while i >= off + items[it].data.len() {
+                    off += items[it].data.len();
+                    it += 1;
+                }
+                if let Some(u) = items[it].state.velocity.as_mut() {
+                    u[i - off] = 0.0;
+                }
+            }
+        }
+        clock.mark(Phase::Encode);
+        cat.clear();
+        cat.resize(items.iter().map(|it| it.data.len()).sum(), 0.0);
+        let res = if sparse {
+            self.sparse.all_reduce_pairs(t, &self.pairs, &mut cat)
+        } else {
+            gradwire_collective::gather::all_gather_bytes(t, &self.payload, &mut self.gathered)
+        };
+        clock.mark(Phase::Wire);
+        if res.is_ok() && !sparse {
+            let codec = items[0].state.codec.as_ref().expect("the unit's codec");
+            for (peer, p) in self.gathered.iter().enumerate() {
+                if let Err(source) = codec.decode_add(p, &mut cat) {
+                    self.scratch = cat;
+                    return Err(gradwire_collective::Error::Decode { peer, source }.into());
+                }
+            }
+            clock.mark(Phase::Decode);
+        }
+        if res.is_ok() {
+            mean(&mut cat, world);
+            let mut off = 0;
+            for it in items.iter_mut() {
+                let n = it.data.len();
+                it.data.copy_from_slice(&cat[off..off + n]);
+                off += n;
+            }
+        }
+        self.scratch = cat;
         clock.mark(Phase::Unfuse);
         Ok(res?)
     }

@@ -16,6 +16,12 @@
 //! - Each cycle the ranks negotiate which named tensors are ready everywhere (the response
 //!   cache makes it one bit per tensor), and execute them in the same order, fused
 //!   ([`fusion`] says why fused and unfused results are bit-identical).
+//! - Codecs are built per tensor, except a selection unit: `topk:scope=global` (Aji &
+//!   Heafield's one threshold over the whole gradient) under the sparse all-reduce or gather
+//!   strategy gives all tensors of that policy one codec whose layout is all of them; the
+//!   unit runs once all its tensors are ready everywhere (a tensor of it that no rank submits
+//!   holds the others back, and the stall inspector names it), as one top-k over their
+//!   concatenation and one collective, each tensor getting its slice.
 //! - Mismatches (name, shape, dtype, op, codec) are errors naming the tensor and the ranks,
 //!   within one cycle; a tensor some ranks never submit is reported by the stall inspector;
 //!   a transport failure reaches every pending handle, naming the rank.
@@ -113,26 +119,25 @@ pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
 
 use worker::{lock, Queue, Shared, Submission, Worker};
 
-/// The engine builds one codec per tensor, so `topk:scope=global` (Aji & Heafield's one
-/// threshold over the whole gradient) selects within each tensor here, exactly as
-/// `scope=tensor`: said once at start when it applies to several tensors, instead of
-/// silently (the paper's global selection runs where one codec sees the flat gradient, the
-/// parameter server's `--sync ps-sync`).
+/// `topk:scope=global` (Aji & Heafield's one threshold over the whole gradient) selects over
+/// all tensors of its policy at once under the sparse all-reduce and gather strategies
+/// ([`worker::selection_units`]); the quantized ring's codecs see one ring chunk each, so
+/// there it selects per chunk: said once at start instead of silently.
 fn warn_global_topk(policies: &[Policy]) {
-    let global: Vec<&str> = policies
+    let chunked = policies
         .iter()
         .filter(|p| {
-            matches!(&p.codec, gradwire_codec::CodecConfig::TopK(c)
+            p.strategy == Strategy::Quantized
+                && matches!(&p.codec, gradwire_codec::CodecConfig::TopK(c)
                 if c.scope == gradwire_codec::TopKScope::Global)
         })
-        .map(|p| p.tensor.name.as_str())
-        .collect();
-    if global.len() > 1 {
+        .count();
+    if chunked > 0 {
         tracing::warn!(
-            tensors = global.len(),
-            "topk scope=global selects the top entries of each tensor separately through the \
-             engine (one codec per tensor, as scope=tensor); the paper's single threshold over \
-             the whole gradient runs under --sync ps-sync"
+            tensors = chunked,
+            "topk scope=global under the quantized strategy selects the top entries of each \
+             ring chunk separately; its single threshold over all tensors runs under the \
+             sparse (default) and gather strategies"
         );
     }
 }

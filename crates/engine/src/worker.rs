@@ -72,7 +72,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use gradwire_codec::{BuildContext, CodecConfig, Progress, TensorInfo};
+use gradwire_codec::{BuildContext, CodecConfig, Progress, TensorInfo, TopKScope};
 use gradwire_collective::compressed::{
     Leg, PowerSgdAllReduce, QuantizedAllReduce, StripeAllReduce,
 };
@@ -227,6 +227,33 @@ pub(crate) struct Worker {
     spec_tries: u32,
     /// When this rank last joined a round.
     last: Instant,
+    /// The selection units (see [`selection_units`]): their tensors' ids, increasing. A
+    /// unit runs only when all of its tensors are ready.
+    units: Vec<Vec<usize>>,
+}
+
+/// The selection units of `policies`: the tensors of each global-scope top-k policy (same
+/// codec and strategy, sparse all-reduce or gather) when it covers at least two tensors,
+/// as registration indices, in order of first appearance. Aji & Heafield's one threshold
+/// over the whole gradient: each unit has one codec whose layout is all of its tensors.
+pub(crate) fn selection_units(policies: &[Policy]) -> Vec<Vec<usize>> {
+    let mut units: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, p) in policies.iter().enumerate() {
+        let global = matches!(&p.codec, CodecConfig::TopK(c) if c.scope == TopKScope::Global);
+        if !global || !matches!(p.strategy, Strategy::Sparse | Strategy::Gather) {
+            continue;
+        }
+        let key = format!("{}@{}", p.codec, p.strategy);
+        match units.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, ids)) => ids.push(i),
+            None => units.push((key, vec![i])),
+        }
+    }
+    units
+        .into_iter()
+        .map(|(_, ids)| ids)
+        .filter(|ids| ids.len() > 1)
+        .collect()
 }
 
 /// A cycle failed: every queued and pending operation gets the error, the engine is marked
@@ -565,10 +592,14 @@ impl Worker {
             tree_acc: Vec::new(),
             spec_tries: 0,
             last: Instant::now(),
+            units: selection_units(policies),
         };
         w.exec.hosts = hosts;
         for (i, p) in policies.iter().enumerate() {
-            let state = w.build_state(i, p);
+            let state = match w.units.iter().position(|u| u.contains(&i)) {
+                Some(u) => w.build_unit_state(u, i, policies),
+                None => w.build_state(i, p),
+            };
             let desc = registered_descriptor(p, &w.cfg);
             w.push_entry(desc, state);
         }
@@ -657,6 +688,32 @@ impl Worker {
     /// two swap every round instead of the queue growing a new one per burst.
     fn take_queued(&mut self, q: &mut Queue) -> Vec<Submission> {
         std::mem::replace(&mut q.subs, std::mem::take(&mut self.subs_spare))
+    }
+
+    /// The state of tensor `index`, a member of selection unit `unit`: its own velocity; the
+    /// unit's first tensor also holds the unit's codec, built with that tensor's seed and the
+    /// layout of every tensor of the unit (one top-k over their concatenation).
+    fn build_unit_state(&self, unit: usize, index: usize, policies: &[Policy]) -> TensorState {
+        let ids = &self.units[unit];
+        let p = &policies[index];
+        let codec = (ids[0] == index).then(|| {
+            let layout = ids.iter().map(|&i| policies[i].tensor.len()).collect();
+            let infos = ids.iter().map(|&i| policies[i].tensor.info()).collect();
+            let seed = tensor_seed(self.cfg.seed, index);
+            let ctx = BuildContext::new(seed, self.rank, self.world, layout).with_tensors(infos);
+            p.codec.build(&ctx)
+        });
+        TensorState {
+            kind: match p.strategy {
+                Strategy::Sparse => Kind::SparseUnit(unit),
+                _ => Kind::GatherUnit(unit),
+            },
+            codec,
+            quantized: None,
+            stripe: None,
+            powersgd: None,
+            velocity: self.cfg.momentum.map(|_| vec![0.0; p.tensor.len()]),
+        }
     }
 
     fn push_entry(&mut self, desc: Descriptor, state: TensorState) -> usize {
@@ -1208,6 +1265,22 @@ impl Worker {
             let missing = (0..self.world).filter(|r| !have.contains(r)).collect();
             stalls.push((self.entries[id].desc.name.clone(), have, missing, first));
         }
+        // A selection unit waits for all of its tensors: one nobody submitted holds back
+        // those submitted everywhere (reported as missing on every rank, since the first of
+        // those).
+        for unit in &self.units {
+            let count = |id: usize| msgs.iter().filter(|m| m.bit(id)).count();
+            let first = unit
+                .iter()
+                .filter(|&&id| count(id) == self.world)
+                .flat_map(|&id| self.ready_at[id].iter().copied())
+                .min();
+            let Some(first) = first else { continue };
+            for &id in unit.iter().filter(|&&id| count(id) == 0) {
+                let missing = (0..self.world).collect();
+                stalls.push((self.entries[id].desc.name.clone(), vec![], missing, first));
+            }
+        }
         for a in &self.adhoc {
             let have: Vec<usize> = (0..self.world)
                 .filter(|&r| a.by_rank[r].is_some())
@@ -1255,13 +1328,21 @@ impl Worker {
         Ok(())
     }
 
-    /// Executes the ready tensors, fused, in id order.
+    /// Executes the ready tensors, fused, in id order. A selection unit runs once all of its
+    /// tensors are ready; until then its ready ones stay pending (the ready set is the same
+    /// on every rank, so every rank holds the same ones back).
     fn execute(&mut self, ready: &[usize], negotiated_us: u64) -> Result<()> {
         if ready.is_empty() {
             return Ok(());
         }
         let plan: Vec<(usize, Kind, usize)> = ready
             .iter()
+            .filter(|&&id| match self.states[id].kind {
+                Kind::SparseUnit(u) | Kind::GatherUnit(u) => {
+                    self.units[u].iter().all(|m| ready.contains(m))
+                }
+                _ => true,
+            })
             .map(|&id| (id, self.states[id].kind, 4 * self.entries[id].len))
             .collect();
         for mut group in plan_groups(&plan, self.cfg.fusion_bytes) {

@@ -84,6 +84,9 @@ fn reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<V
             })
             .collect();
     }
+    if is_global_topk(codec) && matches!(strategy, Strategy::Sparse | Strategy::Gather) {
+        return unit_reference(n, codec, strategy);
+    }
     let specs = tensors();
     world(n, |mut t| {
         let (rank, world) = (t.rank(), t.world_size());
@@ -181,6 +184,50 @@ fn reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<V
                         g
                     })
                     .collect()
+            })
+            .collect()
+    })
+}
+
+/// `topk:scope=global` (Aji & Heafield's one threshold): the engine selects over all tensors
+/// of the policy at once under the sparse and gather strategies.
+fn is_global_topk(codec: &CodecConfig) -> bool {
+    matches!(codec, CodecConfig::TopK(c) if c.scope == gradwire_codec::TopKScope::Global)
+}
+
+/// The reference of a global-scope top-k: one codec (the first tensor's seed, the layout of
+/// both tensors) and one compressed all-reduce of the concatenation per step, straight on a
+/// transport; each tensor its slice.
+fn unit_reference(n: usize, codec: &CodecConfig, strategy: Strategy) -> Vec<Vec<Vec<Vec<f32>>>> {
+    let specs = tensors();
+    world(n, |mut t| {
+        let (rank, world) = (t.rank(), t.world_size());
+        let ctx = BuildContext::new(seed_of(0), rank, world, LENS.to_vec())
+            .with_tensors(specs.iter().map(TensorSpec::info).collect());
+        let mut c = codec.build(&ctx);
+        let mut gather = GatherDecode::new();
+        let mut sparse = SparseAllReduce::new();
+        (0..STEPS)
+            .map(|step| {
+                c.set_progress(gradwire_codec::Progress {
+                    step: step as u64,
+                    epoch: step as f32 * 0.5,
+                });
+                let mut g: Vec<f32> = LENS
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, &len)| grad(rank, step, i, len))
+                    .collect();
+                match strategy {
+                    Strategy::Gather => gather
+                        .all_reduce(&mut t, &mut *c, &mut g, Reduce::Mean)
+                        .unwrap(),
+                    _ => sparse
+                        .all_reduce(&mut t, &mut *c, &mut g, Reduce::Mean)
+                        .unwrap(),
+                }
+                let (a, b) = g.split_at(LENS[0]);
+                vec![a.to_vec(), b.to_vec()]
             })
             .collect()
     })
