@@ -334,20 +334,12 @@ impl Exec {
             return Ok(());
         }
         let mut fused = std::mem::take(&mut self.fused);
-        fused.clear();
-        for it in items.iter() {
-            fused.extend_from_slice(it.data);
-        }
+        fuse_into(items, &mut fused);
         clock.mark(Phase::Fuse);
         let res = self.reduce_dense(t, &mut fused, true);
         clock.mark(Phase::Wire);
         if res.is_ok() {
-            let mut off = 0;
-            for it in items.iter_mut() {
-                let n = it.data.len();
-                it.data.copy_from_slice(&fused[off..off + n]);
-                off += n;
-            }
+            unfuse_from(items, &fused);
         }
         self.fused = fused;
         clock.mark(Phase::Unfuse);
@@ -507,10 +499,7 @@ impl Exec {
         let world = t.world_size();
         let sparse = matches!(items[0].state.kind, Kind::SparseUnit(_));
         let mut cat = std::mem::take(&mut self.scratch);
-        cat.clear();
-        for it in items.iter() {
-            cat.extend_from_slice(it.data);
-        }
+        fuse_into(items, &mut cat);
         clock.mark(Phase::Fuse);
         let codec = items[0].state.codec.as_mut().expect("the unit's codec");
         self.pairs.clear();
@@ -567,12 +556,7 @@ impl Exec {
         }
         if res.is_ok() {
             mean(&mut cat, world);
-            let mut off = 0;
-            for it in items.iter_mut() {
-                let n = it.data.len();
-                it.data.copy_from_slice(&cat[off..off + n]);
-                off += n;
-            }
+            unfuse_from(items, &cat);
         }
         self.scratch = cat;
         clock.mark(Phase::Unfuse);
@@ -680,6 +664,24 @@ fn split_all(gathered: &[Vec<u8>], n: usize) -> Result<Vec<Vec<&[u8]>>> {
             Ok(parts)
         })
         .collect()
+}
+
+/// `buf` becomes the items' data laid end to end (fusion).
+fn fuse_into(items: &[Item<'_>], buf: &mut Vec<f32>) {
+    buf.clear();
+    for it in items {
+        buf.extend_from_slice(it.data);
+    }
+}
+
+/// Each item's data takes its slice of `buf`, laid out as [`fuse_into`] laid it (unfusion).
+fn unfuse_from(items: &mut [Item<'_>], buf: &[f32]) {
+    let mut off = 0;
+    for it in items.iter_mut() {
+        let n = it.data.len();
+        it.data.copy_from_slice(&buf[off..off + n]);
+        off += n;
+    }
 }
 
 #[cfg(test)]

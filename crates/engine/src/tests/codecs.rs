@@ -8,7 +8,7 @@ use gradwire_collective::compressed::{
 };
 use gradwire_transport::Transport;
 
-use super::{bits, grad, naive_mean, world};
+use super::{assert_steps_bitwise, bits, grad, naive_mean, world};
 use crate::{DenseAlgorithm, Engine, EngineConfig, Strategy, TensorSpec};
 
 const LENS: [usize; 2] = [37, 300];
@@ -18,11 +18,7 @@ const STEPS: usize = 2;
 const SEED: u64 = 0xfeed;
 
 fn tensors() -> Vec<TensorSpec> {
-    SHAPES
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| TensorSpec::new(format!("t{i}"), s))
-        .collect()
+    super::named_specs(&SHAPES)
 }
 
 /// The seed the engine documents for tensor `i` (`EngineConfig::seed` + i * golden ratio).
@@ -244,17 +240,8 @@ fn valid(codec: &CodecConfig, s: Strategy) -> bool {
 }
 
 fn compare(label: &str, got: &[Vec<Vec<Vec<f32>>>], want: &[Vec<Vec<Vec<f32>>>]) {
-    for (r, (g, w)) in got.iter().zip(want).enumerate() {
-        for step in 0..STEPS {
-            for i in 0..LENS.len() {
-                assert_eq!(
-                    bits(&g[step][i]),
-                    bits(&w[step][i]),
-                    "{label}: rank {r} step {step} tensor {i}"
-                );
-            }
-        }
-    }
+    assert_eq!(got.len(), want.len(), "{label}: ranks");
+    assert_steps_bitwise(label, got, |r| &want[r]);
 }
 
 #[test]

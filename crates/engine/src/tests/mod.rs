@@ -94,8 +94,36 @@ pub(crate) fn naive_mean(inputs: &[Vec<f32>]) -> Vec<f32> {
         .collect()
 }
 
+/// Tensors named `t0`, `t1`, ... with these shapes.
+pub(crate) fn named_specs(shapes: &[&[usize]]) -> Vec<crate::TensorSpec> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| crate::TensorSpec::new(format!("t{i}"), s))
+        .collect()
+}
+
 pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Every rank's outputs (`got[rank][step][tensor]`) equal `want(rank)` bit for bit, step by
+/// step and tensor by tensor.
+pub(crate) fn assert_steps_bitwise<'a>(
+    label: &str,
+    got: &[Vec<Vec<Vec<f32>>>],
+    want: impl Fn(usize) -> &'a [Vec<Vec<f32>>],
+) {
+    for (r, g) in got.iter().enumerate() {
+        let w = want(r);
+        assert_eq!(g.len(), w.len(), "{label}: rank {r}, steps");
+        for (step, (gs, ws)) in g.iter().zip(w).enumerate() {
+            assert_eq!(gs.len(), ws.len(), "{label}: rank {r} step {step}, tensors");
+            for (i, (a, b)) in gs.iter().zip(ws).enumerate() {
+                assert_eq!(bits(a), bits(b), "{label}: rank {r} step {step} tensor {i}");
+            }
+        }
+    }
 }
 
 /// A transport that can be killed: from then on every call fails and the inner `Local` is

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gradwire_transport::Transport;
 
-use super::{bits, tcp_world, world};
+use super::{assert_steps_bitwise, tcp_world, world};
 use crate::{Engine, EngineConfig, Error, MomentumConfig, Strategy, TensorSpec};
 
 /// A bias, a matrix, a vector and a small matrix: 521 elements.
@@ -15,11 +15,7 @@ const SHAPES: [&[usize]; 4] = [&[37], &[20, 15], &[120], &[8, 8]];
 const STEPS: usize = 4;
 
 fn tensors() -> Vec<TensorSpec> {
-    SHAPES
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| TensorSpec::new(format!("t{i}"), s))
-        .collect()
+    super::named_specs(&SHAPES)
 }
 
 fn lens() -> Vec<usize> {
@@ -134,17 +130,7 @@ fn reference(
 }
 
 fn compare(label: &str, got: &[Vec<Vec<Vec<f32>>>], want: &[Vec<Vec<f32>>]) {
-    for (r, g) in got.iter().enumerate() {
-        for step in 0..STEPS {
-            for i in 0..SHAPES.len() {
-                assert_eq!(
-                    bits(&g[step][i]),
-                    bits(&want[step][i]),
-                    "{label}: rank {r} step {step} tensor {i}"
-                );
-            }
-        }
-    }
+    assert_steps_bitwise(label, got, |_| want);
 }
 
 #[test]
