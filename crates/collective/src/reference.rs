@@ -35,3 +35,45 @@ pub fn all_gather<E: Element>(inputs: &[Vec<E>]) -> Vec<E> {
 pub fn concat<E: Clone>(inputs: &[Vec<E>]) -> Vec<E> {
     inputs.concat()
 }
+
+/// One all-reduce of the quantized ring (Dryden; [`crate::compressed::QuantizedAllReduce`])
+/// written out with independent codec instances: `bufs[r]` is rank `r`'s input; at each of
+/// the `P-1` reduce-scatter hops every rank compresses the chunk it forwards with its codec
+/// for that chunk (`rs[r][chunk]`), and the receiver adds the decoded payload in full
+/// precision; then each owner compresses its reduced chunk once (`ag[owner]`) and the
+/// decoded chunks are laid end to end. Returns that sum (not yet divided); the codecs keep
+/// their state (residuals) for the next step.
+pub fn quantized_ring(
+    rs: &mut [Vec<Box<dyn gradwire_codec::Codec>>],
+    ag: &mut [Box<dyn gradwire_codec::Codec>],
+    mut bufs: Vec<Vec<f32>>,
+) -> Vec<f32> {
+    use crate::ring::{left, reduce_scatter_step};
+    let (world, len) = (bufs.len(), bufs.first().map_or(0, Vec::len));
+    let range = |c| chunks::range(len, world, c);
+    for s in 0..world.saturating_sub(1) {
+        let payloads: Vec<Vec<u8>> = (0..world)
+            .map(|r| {
+                let (sc, _) = reduce_scatter_step(r, world, s);
+                let mut p = Vec::new();
+                rs[r][sc].encode(&bufs[r][range(sc)], &mut p);
+                p
+            })
+            .collect();
+        for r in 0..world {
+            let (_, rc) = reduce_scatter_step(r, world, s);
+            rs[r][rc]
+                .decode_add(&payloads[left(r, world)], &mut bufs[r][range(rc)])
+                .expect("the reference decodes its own payloads");
+        }
+    }
+    let mut out = vec![0.0f32; len];
+    for c in 0..world {
+        let mut p = Vec::new();
+        ag[c].encode(&bufs[c][range(c)], &mut p);
+        ag[0]
+            .decode_add(&p, &mut out[range(c)])
+            .expect("the reference decodes its own payloads");
+    }
+    out
+}

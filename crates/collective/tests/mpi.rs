@@ -26,7 +26,6 @@ use gradwire_codec::{BuildContext, Codec, CodecConfig, SparseGrad};
 use gradwire_collective::compressed::{
     GatherDecode, Leg, QuantizedAllReduce, Reduce, SparseAllReduce,
 };
-use gradwire_collective::ring::{left, reduce_scatter_step};
 use gradwire_collective::{broadcast, chunks, gather, reference, Algorithm, Collectives, ReduceOp};
 use gradwire_transport::mpi::{Mpi, NativeOp};
 use gradwire_transport::{Error, Op, Transport};
@@ -862,7 +861,6 @@ fn compressed_checks(t: &mut Mpi, k: &mut Tally) {
 /// The quantized ring (Dryden) against a step-by-step simulation with independent codecs.
 fn quantized_one(t: &mut Mpi, k: &mut Tally, cfg: &CodecConfig, len: usize, steps: usize) {
     let (rank, world) = (t.rank(), t.world_size());
-    let range = |c| chunks::range(len, world, c);
     let mut rs: Vec<Vec<Box<dyn Codec>>> = (0..world)
         .map(|r| {
             let mut f = quantized_factory(cfg, r, world);
@@ -874,30 +872,8 @@ fn quantized_one(t: &mut Mpi, k: &mut Tally, cfg: &CodecConfig, len: usize, step
         .collect();
     let mut want = Vec::new();
     for step in 0..steps {
-        let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
-        for s in 0..world - 1 {
-            let payloads: Vec<Vec<u8>> = (0..world)
-                .map(|r| {
-                    let (sc, _) = reduce_scatter_step(r, world, s);
-                    let mut p = Vec::new();
-                    rs[r][sc].encode(&bufs[r][range(sc)], &mut p);
-                    p
-                })
-                .collect();
-            for r in 0..world {
-                let (_, rc) = reduce_scatter_step(r, world, s);
-                rs[r][rc]
-                    .decode_add(&payloads[left(r, world)], &mut bufs[r][range(rc)])
-                    .expect("decode");
-            }
-        }
-        let mut out = vec![0.0f32; len];
-        for c in 0..world {
-            let mut p = Vec::new();
-            ag[c].encode(&bufs[c][range(c)], &mut p);
-            ag[0].decode_add(&p, &mut out[range(c)]).expect("decode");
-        }
-        want.push(out);
+        let bufs: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
+        want.push(reference::quantized_ring(&mut rs, &mut ag, bufs));
     }
     let mut q = QuantizedAllReduce::new(len, rank, world, quantized_factory(cfg, rank, world));
     let got: Result<Vec<Vec<f32>>, _> = (0..steps)

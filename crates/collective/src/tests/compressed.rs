@@ -7,8 +7,8 @@ use rand::{Rng, SeedableRng};
 
 use super::{for_each_transport, run_world, WorldFactory};
 use crate::compressed::{GatherDecode, Leg, QuantizedAllReduce, Reduce, SparseAllReduce};
-use crate::ring::{left, reduce_scatter_step};
-use crate::{chunks, Error};
+use crate::reference;
+use crate::Error;
 
 /// A deterministic 8-bit quantizer with error feedback (step 0.5), for tests: exercises
 /// codec state on both legs without depending on the codec crate's codecs.
@@ -178,32 +178,10 @@ fn quantized_cases(
             .map(|_| (0..world).map(|c| mk(Leg::ReduceScatter, c)).collect())
             .collect();
         let mut ag: Vec<Box<dyn Codec>> = (0..world).map(|r| mk(Leg::AllGather, r)).collect();
-        let range = |c| chunks::range(len, world, c);
         let mut want = Vec::new();
         for step in 0..STEPS {
-            let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| grad(seed, r, step, len)).collect();
-            for s in 0..world - 1 {
-                let payloads: Vec<Vec<u8>> = (0..world)
-                    .map(|r| {
-                        let (sc, _) = reduce_scatter_step(r, world, s);
-                        let mut p = Vec::new();
-                        rs[r][sc].encode(&bufs[r][range(sc)], &mut p);
-                        p
-                    })
-                    .collect();
-                for r in 0..world {
-                    let (_, rc) = reduce_scatter_step(r, world, s);
-                    rs[r][rc]
-                        .decode_add(&payloads[left(r, world)], &mut bufs[r][range(rc)])
-                        .unwrap();
-                }
-            }
-            let mut out = vec![0.0f32; len];
-            for c in 0..world {
-                let mut p = Vec::new();
-                ag[c].encode(&bufs[c][range(c)], &mut p);
-                ag[0].decode_add(&p, &mut out[range(c)]).unwrap();
-            }
+            let bufs: Vec<Vec<f32>> = (0..world).map(|r| grad(seed, r, step, len)).collect();
+            let mut out = reference::quantized_ring(&mut rs, &mut ag, bufs);
             Reduce::Sum.finish(&mut out, world);
             // Sanity: within quantization error of the exact sum (residuals carry the rest).
             let exact: Vec<f32> = (0..len)

@@ -6,8 +6,8 @@ use rand::{Rng, SeedableRng};
 
 use super::{local_world, run_world};
 use crate::compressed::{GatherDecode, Leg, QuantizedAllReduce, Reduce, SparseAllReduce};
-use crate::ring::{left, reduce_scatter_step};
-use crate::{chunks, Error};
+use crate::reference;
+use crate::Error;
 
 const WORLDS: [usize; 5] = [1, 2, 3, 5, 8];
 const LENS: [usize; 4] = [0, 1, 37, 1000];
@@ -127,7 +127,6 @@ fn quantized_every_codec() {
         }
         for world in WORLDS {
             for len in LENS {
-                let range = |c| chunks::range(len, world, c);
                 let mut rs: Vec<Vec<Box<dyn Codec>>> = (0..world)
                     .map(|r| {
                         let mut f = quantized_factory(&cfg, r, world);
@@ -139,29 +138,8 @@ fn quantized_every_codec() {
                     .collect();
                 let mut want = Vec::new();
                 for step in 0..STEPS {
-                    let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
-                    for s in 0..world - 1 {
-                        let payloads: Vec<Vec<u8>> = (0..world)
-                            .map(|r| {
-                                let (sc, _) = reduce_scatter_step(r, world, s);
-                                let mut p = Vec::new();
-                                rs[r][sc].encode(&bufs[r][range(sc)], &mut p);
-                                p
-                            })
-                            .collect();
-                        for r in 0..world {
-                            let (_, rc) = reduce_scatter_step(r, world, s);
-                            rs[r][rc]
-                                .decode_add(&payloads[left(r, world)], &mut bufs[r][range(rc)])
-                                .unwrap();
-                        }
-                    }
-                    let mut out = vec![0.0f32; len];
-                    for c in 0..world {
-                        let mut p = Vec::new();
-                        ag[c].encode(&bufs[c][range(c)], &mut p);
-                        ag[0].decode_add(&p, &mut out[range(c)]).unwrap();
-                    }
+                    let bufs: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
+                    let out = reference::quantized_ring(&mut rs, &mut ag, bufs);
                     want.push(out);
                 }
                 let got = run_world(local_world(world), |t| {
