@@ -106,7 +106,7 @@ pub struct BenchResult {
     pub tensors: usize,
     /// Elements in all of them.
     pub elements: usize,
-    /// Timed repetitions per mode (after one untimed warm-up).
+    /// Timed repetitions per mode (in [`BLOCKS`] blocks, each after one untimed warm-up).
     pub reps: usize,
     /// Median ms of the engine mode.
     pub engine_ms: f64,
@@ -158,10 +158,17 @@ fn grads(tensors: &[TensorSpec], rank: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Times the three modes of `case` on this rank (`reps` timed repetitions each), the engine
-/// started with `config`; gives the transport back with the result.
+/// How many blocks the repetitions are split into. Each block times per-tensor, then flat,
+/// then the engine (started afresh on the transport and shut down after), so that a slow
+/// spell of a shared machine falls on every mode alike instead of on the one mode that ran
+/// through it; the medians are over all blocks.
+pub const BLOCKS: usize = 5;
+
+/// Times the three modes of `case` on this rank (`reps` timed repetitions each, in
+/// [`BLOCKS`] interleaved blocks), the engine started with `config`; gives the transport back
+/// with the result.
 pub fn run<T: Transport + 'static>(
-    mut transport: T,
+    transport: T,
     case: BenchCase,
     reps: usize,
     config: EngineConfig,
@@ -172,69 +179,75 @@ pub fn run<T: Transport + 'static>(
     let reps = reps.max(1);
     let mut g = grads(&tensors, rank);
 
-    let mut per_tensor = Vec::new();
-    for rep in 0..=reps {
-        transport.barrier()?;
-        let t0 = Instant::now();
-        for x in g.iter_mut() {
-            transport.all_reduce(x, ReduceOp::Mean)?;
-        }
-        if rep > 0 {
-            per_tensor.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-
     let total: usize = tensors.iter().map(TensorSpec::len).sum();
     let mut flat_buf = Vec::with_capacity(total);
-    let mut flat = Vec::new();
-    for rep in 0..=reps {
-        transport.barrier()?;
-        let t0 = Instant::now();
-        flat_buf.clear();
-        for x in &g {
-            flat_buf.extend_from_slice(x);
-        }
-        transport.all_reduce(&mut flat_buf, ReduceOp::Mean)?;
-        let mut off = 0;
-        for x in g.iter_mut() {
-            let n = x.len();
-            x.copy_from_slice(&flat_buf[off..off + n]);
-            off += n;
-        }
-        if rep > 0 {
-            flat.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-
-    let engine = Engine::start(transport, config, &tensors)?;
-    let hierarchy = engine.hierarchy().map(str::to_string);
-    let mut times = Vec::new();
+    let (mut per_tensor, mut flat, mut times) = (Vec::new(), Vec::new(), Vec::new());
     let (mut rounds, mut groups, mut spec) = (0u64, 0u64, 0u64);
-    for rep in 0..=reps {
-        engine.barrier("bench.barrier").wait()?;
-        // The counters alone: cloning the whole stats (records with names) between timed
-        // repetitions cost each rank allocations, which on an oversubscribed host is time
-        // taken from the ranks still timing.
-        let s0 = engine.rounds();
-        let t0 = Instant::now();
-        let handles = engine.all_reduce_batch_unflushed(
-            tensors
-                .iter()
-                .zip(g.drain(..))
-                .map(|(t, x)| (t.name.as_str(), x)),
-        );
-        for h in handles {
-            g.push(h.wait()?);
+    let mut hierarchy = None;
+    let mut transport: Box<dyn Transport> = Box::new(transport);
+    let blocks = BLOCKS.min(reps);
+    for block in 0..blocks {
+        // This block's share of the repetitions, each mode after one untimed warm-up.
+        let n = reps / blocks + usize::from(block < reps % blocks);
+
+        for rep in 0..=n {
+            transport.barrier()?;
+            let t0 = Instant::now();
+            for x in g.iter_mut() {
+                transport.all_reduce(x, ReduceOp::Mean)?;
+            }
+            if rep > 0 {
+                per_tensor.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
         }
-        if rep > 0 {
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
-            let s1 = engine.rounds();
-            rounds += s1.0 - s0.0;
-            groups += s1.1 - s0.1;
-            spec += s1.2 - s0.2;
+
+        for rep in 0..=n {
+            transport.barrier()?;
+            let t0 = Instant::now();
+            flat_buf.clear();
+            for x in &g {
+                flat_buf.extend_from_slice(x);
+            }
+            transport.all_reduce(&mut flat_buf, ReduceOp::Mean)?;
+            let mut off = 0;
+            for x in g.iter_mut() {
+                let n = x.len();
+                x.copy_from_slice(&flat_buf[off..off + n]);
+                off += n;
+            }
+            if rep > 0 {
+                flat.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
         }
+
+        let engine = Engine::start(transport, config.clone(), &tensors)?;
+        hierarchy = engine.hierarchy().map(str::to_string);
+        for rep in 0..=n {
+            engine.barrier("bench.barrier").wait()?;
+            // The counters alone: cloning the whole stats (records with names) between timed
+            // repetitions cost each rank allocations, which on an oversubscribed host is time
+            // taken from the ranks still timing.
+            let s0 = engine.rounds();
+            let t0 = Instant::now();
+            let handles = engine.all_reduce_batch_unflushed(
+                tensors
+                    .iter()
+                    .zip(g.drain(..))
+                    .map(|(t, x)| (t.name.as_str(), x)),
+            );
+            for h in handles {
+                g.push(h.wait()?);
+            }
+            if rep > 0 {
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+                let s1 = engine.rounds();
+                rounds += s1.0 - s0.0;
+                groups += s1.1 - s0.1;
+                spec += s1.2 - s0.2;
+            }
+        }
+        transport = engine.shutdown()?;
     }
-    let transport = engine.shutdown()?;
     Ok((
         BenchResult {
             case: case.name().to_string(),

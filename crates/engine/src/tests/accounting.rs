@@ -256,13 +256,21 @@ fn momentum_masking_matches_a_naive_reimplementation() {
 fn bench_runs_every_case() {
     for case in crate::bench::BenchCase::ALL {
         let res = world(2, |t| {
-            crate::bench::run(t, case, 1, EngineConfig::default())
+            // 7 repetitions: uneven blocks (2, 2, 1, 1, 1), the engine restarted in each.
+            crate::bench::run(t, case, 7, EngineConfig::default())
                 .unwrap()
                 .0
         });
         for r in res {
             assert_eq!(r.case, case.name());
+            assert_eq!(r.reps, 7);
             assert!(r.engine_ms > 0.0 && r.per_tensor_ms > 0.0 && r.flat_ms > 0.0);
+            assert!(
+                r.engine_rounds >= 1.0,
+                "{}: {} rounds",
+                r.case,
+                r.engine_rounds
+            );
         }
     }
 }
