@@ -70,8 +70,9 @@ pub struct TrainArgs {
     /// size; run.json records the choice and the predictions (`codec_choice`).
     #[arg(long)]
     pub codec: Option<crate::auto_codec::CodecArg>,
-    /// The candidates of `--codec auto`, comma-separated [default: none,fp16,qsgd:bits=4,
-    /// terngrad: the codecs within a point of dense on LeNet in paper mode].
+    /// The candidates of `--codec auto`, comma-separated [default: none,fp16,qsgd:bits=4: the
+    /// codecs within 0.5 points of dense in paper mode]; others with measured costs:
+    /// terngrad, onebit, topk:ratio=0.01.
     #[arg(long, value_name = "LIST")]
     pub auto_codecs: Option<String>,
     /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
