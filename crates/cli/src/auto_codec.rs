@@ -77,9 +77,9 @@ pub const KNOWN: [(&str, f64, f64, f64); 6] = [
 ];
 
 /// QSGD 4-bit's encode seconds per element with four ranks on two cores (see [`KNOWN`]).
-pub const QSGD_ENCODE_S: f64 = 7.2e-9;
+const QSGD_ENCODE_S: f64 = 7.2e-9;
 /// QSGD 4-bit's decode seconds per element with four ranks on two cores (see [`KNOWN`]).
-pub const QSGD_DECODE_S: f64 = 3.45e-9;
+const QSGD_DECODE_S: f64 = 3.45e-9;
 
 /// Loopback without emulation, as `gradwire simulate --calibrate` measured it here: seconds
 /// per message.

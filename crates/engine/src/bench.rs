@@ -211,9 +211,9 @@ pub fn run<T: Transport + 'static>(
             transport.all_reduce(&mut flat_buf, ReduceOp::Mean)?;
             let mut off = 0;
             for x in g.iter_mut() {
-                let n = x.len();
-                x.copy_from_slice(&flat_buf[off..off + n]);
-                off += n;
+                let len = x.len();
+                x.copy_from_slice(&flat_buf[off..off + len]);
+                off += len;
             }
             if rep > 0 {
                 flat.push(t0.elapsed().as_secs_f64() * 1e3);
