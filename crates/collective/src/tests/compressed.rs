@@ -9,6 +9,7 @@ use super::{for_each_transport, run_world, WorldFactory};
 use crate::compressed::{GatherDecode, Leg, QuantizedAllReduce, Reduce, SparseAllReduce};
 use crate::reference;
 use crate::Error;
+use gradwire_transport::Transport;
 
 /// A deterministic 8-bit quantizer with error feedback (step 0.5), for tests: exercises
 /// codec state on both legs without depending on the codec crate's codecs.
@@ -110,6 +111,32 @@ fn runner() -> TestRunner {
 
 const STEPS: usize = 3;
 
+/// Every rank of `world` builds its `state`, then runs [`STEPS`] steps of `step`, each
+/// reducing in place that rank's gradient of the step (`grad(seed, rank, step, len)`); every
+/// rank's results must equal `want`, bit for bit, with no rank failing.
+fn every_rank_steps_equal<S>(
+    world: Vec<Box<dyn Transport>>,
+    (seed, len): (u64, usize),
+    want: &[Vec<f32>],
+    state: impl Fn(&dyn Transport) -> S + Sync,
+    step: impl Fn(&mut S, &mut dyn Transport, &mut Vec<f32>) -> Result<(), Error> + Sync,
+) -> Result<(), TestCaseError> {
+    let got = run_world(world, |t| {
+        let mut s = state(t);
+        (0..STEPS)
+            .map(|i| {
+                let mut b = grad(seed, t.rank(), i, len);
+                step(&mut s, t, &mut b).map(|()| b)
+            })
+            .collect::<Result<Vec<_>, Error>>()
+            .map_err(|e| e.to_string())
+    });
+    for r in got {
+        prop_assert_eq!(r.as_deref(), Ok(want));
+    }
+    Ok(())
+}
+
 /// Gather-decode equals "decode every rank's payload and sum", step after step (codec
 /// state included), and every rank holds the same bits.
 fn gather_decode_matches(factory: &WorldFactory) {
@@ -128,22 +155,13 @@ fn gather_decode_matches(factory: &WorldFactory) {
                 Reduce::Mean.finish(&mut acc, world);
                 want.push(acc);
             }
-            let got = run_world(factory(world), |t| {
-                let mut codec = Q8::default();
-                let mut g = GatherDecode::new();
-                (0..STEPS)
-                    .map(|step| {
-                        let mut b = grad(seed, t.rank(), step, len);
-                        g.all_reduce(t, &mut codec, &mut b, Reduce::Mean)
-                            .map(|()| b)
-                    })
-                    .collect::<Result<Vec<_>, Error>>()
-                    .map_err(|e| e.to_string())
-            });
-            for r in got {
-                prop_assert_eq!(r.as_ref(), Ok(&want));
-            }
-            Ok(())
+            every_rank_steps_equal(
+                factory(world),
+                (seed, len),
+                &want,
+                |_| (Q8::default(), GatherDecode::new()),
+                |(codec, g), t, b| g.all_reduce(t, codec, b, Reduce::Mean),
+            )
         })
         .unwrap();
 }
@@ -197,20 +215,13 @@ fn quantized_cases(
             }
             want.push(out);
         }
-        let got = run_world(factory(world), |t| {
-            let mut q = QuantizedAllReduce::new(len, t.rank(), world, mk);
-            (0..STEPS)
-                .map(|step| {
-                    let mut b = grad(seed, t.rank(), step, len);
-                    q.all_reduce(t, &mut b, Reduce::Sum).map(|()| b)
-                })
-                .collect::<Result<Vec<_>, Error>>()
-                .map_err(|e| e.to_string())
-        });
-        for r in got {
-            prop_assert_eq!(r.as_ref(), Ok(&want));
-        }
-        Ok(())
+        every_rank_steps_equal(
+            factory(world),
+            (seed, len),
+            &want,
+            |t| QuantizedAllReduce::new(len, t.rank(), world, mk),
+            |q, t, b| q.all_reduce(t, b, Reduce::Sum),
+        )
     })
     .unwrap();
 }
