@@ -536,8 +536,8 @@ impl Exec {
             }
         }
         clock.mark(Phase::Encode);
-        cat.clear();
-        cat.resize(items.iter().map(|it| it.data.len()).sum(), 0.0);
+        // The concatenation's length stays; its values become the sum's accumulator.
+        cat.fill(0.0);
         let res = if sparse {
             self.sparse.all_reduce_pairs(t, &self.pairs, &mut cat)
         } else {

@@ -1335,12 +1335,24 @@ impl Worker {
         if ready.is_empty() {
             return Ok(());
         }
+        // Which units are complete, looked up once per round (not per member: a unit can
+        // hold every tensor of the model); nothing allocated without units.
+        let unit_ready: Vec<bool> = if self.units.is_empty() {
+            Vec::new()
+        } else {
+            let mut is_ready = vec![false; self.entries.len()];
+            for &id in ready {
+                is_ready[id] = true;
+            }
+            self.units
+                .iter()
+                .map(|u| u.iter().all(|&m| is_ready[m]))
+                .collect()
+        };
         let plan: Vec<(usize, Kind, usize)> = ready
             .iter()
             .filter(|&&id| match self.states[id].kind {
-                Kind::SparseUnit(u) | Kind::GatherUnit(u) => {
-                    self.units[u].iter().all(|m| ready.contains(m))
-                }
+                Kind::SparseUnit(u) | Kind::GatherUnit(u) => unit_ready[u],
                 _ => true,
             })
             .map(|&id| (id, self.states[id].kind, 4 * self.entries[id].len))
