@@ -310,8 +310,9 @@ impl FromStr for Rule {
 /// Every codec the engine builds for it gets its shape and role
 /// ([`BuildContext::with_tensors`](gradwire_codec::BuildContext::with_tensors)): column-wise
 /// quantizers (onebit, adaptive) work per column, TernGrad keeps `Output` tensors in float,
-/// DGC sends 1-D tensors dense, QSGD buckets inside the tensor, PowerSGD views it as `[shape[0], rest]`. Shapes are burn's: a linear
-/// weight is `[in, out]`, a convolution kernel `[c_out, c_in, kh, kw]`.
+/// DGC sends 1-D tensors dense, QSGD buckets inside the tensor, PowerSGD views it as
+/// `[shape[0], rest]`. Shapes are burn's: a linear weight is `[in, out]`, a convolution
+/// kernel `[c_out, c_in, kh, kw]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
     /// The name every rank submits it under.
