@@ -50,6 +50,46 @@ pub(crate) fn add_into(out: &mut [f32], a: &[f32], b: &[f32]) {
     rank_order_sum(&[a, b], out);
 }
 
+/// `out[k] = (a[k] + b[k]) / p` for a power of two `p`, in one pass: the sum rounded to
+/// f32 first, then multiplied by the exact `1/p`, which rounds as the division does (the
+/// collective's divide does the same), so the bits are those of [`add_into`] followed by
+/// the division. `a`: `None` adds `b` into `out` itself.
+pub(crate) fn add_divide_into(out: &mut [f32], a: Option<&[f32]>, b: &[f32], p: usize) {
+    debug_assert!(p.is_power_of_two());
+    let inv = 1.0 / p as f32;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { add_divide_avx2(out, a, b, inv) };
+        return;
+    }
+    add_divide_generic(out, a, b, inv)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_divide_avx2(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
+    add_divide_generic(out, a, b, inv)
+}
+
+#[inline(always)]
+fn add_divide_generic(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
+    let b = &b[..out.len()];
+    match a {
+        Some(a) => {
+            let a = &a[..out.len()];
+            for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+                *o = (*x + *y) * inv;
+            }
+        }
+        None => {
+            for (o, y) in out.iter_mut().zip(b) {
+                *o = (*o + *y) * inv;
+            }
+        }
+    }
+}
+
 /// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
 /// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
 /// for the baseline and for AVX2 and picked at run time, like the collective's adder: the

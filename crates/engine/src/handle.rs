@@ -36,6 +36,11 @@ impl Slot {
         }
     }
 
+    /// Empties a slot nobody else holds, for its next operation.
+    pub(crate) fn reset(&self) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = SlotState::default();
+    }
+
     /// Sleeps on the slot (at most `timeout`; `None`: until woken), counted in `sleepers`
     /// while it does so that [`Slot::complete`] knows to wake it.
     fn sleep<'a>(
@@ -79,7 +84,11 @@ impl std::fmt::Debug for Handle {
 
 impl Handle {
     pub(crate) fn new(name: Arc<str>) -> (Handle, Arc<Slot>) {
-        let slot = Arc::new(Slot::default());
+        Handle::with_slot(name, Arc::new(Slot::default()))
+    }
+
+    /// A handle on `slot` (an empty one: fresh, or [`Slot::reset`]).
+    pub(crate) fn with_slot(name: Arc<str>, slot: Arc<Slot>) -> (Handle, Arc<Slot>) {
         (
             Handle {
                 slot: slot.clone(),

@@ -81,6 +81,7 @@ const _: fn() = || {
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -149,7 +150,14 @@ pub struct Engine {
     worker: Option<JoinHandle<Option<Box<dyn Transport>>>>,
     rank: usize,
     world: usize,
-    registered: HashMap<String, Target>,
+    /// Registered tensors' cache ids by name.
+    registered: HashMap<String, usize>,
+    /// Registered tensors by cache id (registration order).
+    targets: Vec<Target>,
+    /// Where the next registered lookup looks first: after the last one found, since a
+    /// trainer submits its tensors in the same order every step (a miss only costs the
+    /// hash lookup).
+    next: AtomicUsize,
     policies: Vec<Policy>,
     hierarchy: Option<String>,
 }
@@ -199,14 +207,19 @@ impl Engine {
         });
         lock(&shared.stats).bytes.negotiation_bytes += t.bytes_sent().saturating_sub(before);
         // Registered tensors are cached first, in order, so tensor `i` has cache id `i`.
-        let registered = descs
+        let targets: Vec<Target> = descs
             .iter()
             .enumerate()
             .map(|(id, d)| {
                 let mut t = Target::new(Arc::new(d.clone()));
                 t.id = Some(id);
-                (d.name.clone(), t)
+                t
             })
+            .collect();
+        let registered = descs
+            .iter()
+            .enumerate()
+            .map(|(id, d)| (d.name.clone(), id))
             .collect();
         let hierarchy = hosts.as_ref().map(dense::HostLinks::describe);
         let w = Worker::new(t, shared.clone(), config, &policies, hosts);
@@ -225,6 +238,8 @@ impl Engine {
             rank,
             world,
             registered,
+            targets,
+            next: AtomicUsize::new(0),
             policies,
             hierarchy,
         })
@@ -304,8 +319,16 @@ impl Engine {
     }
 
     fn all_reduce_descriptor(&self, name: &str, len: usize) -> Result<Target> {
-        match self.registered.get(name) {
-            Some(t) => {
+        let guess = self.next.load(Ordering::Relaxed);
+        let id = match self.targets.get(guess) {
+            Some(t) if &*t.name == name => Some(guess),
+            _ => self.registered.get(name).copied(),
+        };
+        match id {
+            Some(id) => {
+                self.next
+                    .store((id + 1) % self.targets.len(), Ordering::Relaxed);
+                let t = &self.targets[id];
                 let expected = t.desc.shape.iter().product::<u64>() as usize;
                 if len != expected {
                     return Err(Error::LengthMismatch {
@@ -409,7 +432,10 @@ impl Engine {
                         return Handle::failed(name.into(), e);
                     }
                 };
-                let (h, slot) = Handle::new(name);
+                let (h, slot) = match id {
+                    Some(id) => Handle::with_slot(name, q.slot(id)),
+                    None => Handle::new(name),
+                };
                 let h = h.with_driver(self.shared.clone());
                 if let Some(e) = &q.fatal {
                     slot.complete(Err(e.clone()));

@@ -77,10 +77,15 @@ impl Pending {
     }
 
     /// The data of the pending submissions of the cached ids `ids` (ascending), mutable at
-    /// once, in `ids` order; `None` when one is not pending.
-    pub fn data_mut(&mut self, ids: &[usize]) -> Option<Vec<&mut [f32]>> {
+    /// once, in `ids` order, in `out` (given empty: a kept allocation); `None` when one is
+    /// not pending.
+    pub fn data_mut<'a>(
+        &'a mut self,
+        ids: &[usize],
+        mut out: Vec<&'a mut [f32]>,
+    ) -> Option<Vec<&'a mut [f32]>> {
         debug_assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids ascending");
-        let mut out = Vec::with_capacity(ids.len());
+        out.clear();
         let mut want = ids.iter().peekable();
         for (id, s) in self.by_id.iter_mut().enumerate() {
             if want.peek() == Some(&&id) {
@@ -145,10 +150,16 @@ mod tests {
         assert_eq!(p.ids().collect::<Vec<_>>(), vec![0, 3]);
         assert_eq!(p.data(3), Some(&[3.0][..]));
         assert_eq!(p.data(1), None);
-        assert!(p.data_mut(&[1, 3]).is_none(), "1 is not pending");
-        assert!(p.data_mut(&[3, 9]).is_none(), "9 is beyond every id");
+        assert!(
+            p.data_mut(&[1, 3], Vec::new()).is_none(),
+            "1 is not pending"
+        );
+        assert!(
+            p.data_mut(&[3, 9], Vec::new()).is_none(),
+            "9 is beyond every id"
+        );
         for (i, d) in p
-            .data_mut(&[0, 3])
+            .data_mut(&[0, 3], Vec::new())
             .expect("both pending")
             .into_iter()
             .enumerate()

@@ -92,19 +92,39 @@ impl StragglerSummary {
     /// How many recent records are kept.
     pub const RECENT: usize = 64;
 
-    pub(crate) fn record(&mut self, world: usize, r: StragglerRecord) {
+    /// Records one collective: its first tensor, its tensor count, the rank ready last and
+    /// by how much (µs). Once [`StragglerSummary::RECENT`] are kept, the oldest record's
+    /// place (and its name's allocation) is reused: nothing is allocated per step.
+    pub(crate) fn record(
+        &mut self,
+        world: usize,
+        tensor: &str,
+        tensors: usize,
+        last_rank: usize,
+        lag_us: u64,
+    ) {
         if self.last_count.len() < world {
             self.last_count.resize(world, 0);
         }
-        self.last_count[r.last_rank] += 1;
-        self.mean_lag_us = (self.mean_lag_us * self.collectives as f64 + r.lag_us as f64)
+        self.last_count[last_rank] += 1;
+        self.mean_lag_us = (self.mean_lag_us * self.collectives as f64 + lag_us as f64)
             / (self.collectives + 1) as f64;
         self.collectives += 1;
-        self.max_lag_us = self.max_lag_us.max(r.lag_us);
-        if self.recent.len() == Self::RECENT {
-            self.recent.remove(0);
+        self.max_lag_us = self.max_lag_us.max(lag_us);
+        if self.recent.len() < Self::RECENT {
+            self.recent.push(StragglerRecord {
+                tensor: tensor.to_string(),
+                tensors,
+                last_rank,
+                lag_us,
+            });
+            return;
         }
-        self.recent.push(r);
+        self.recent.rotate_left(1);
+        let r = self.recent.last_mut().expect("RECENT records kept");
+        r.tensor.clear();
+        r.tensor.push_str(tensor);
+        (r.tensors, r.last_rank, r.lag_us) = (tensors, last_rank, lag_us);
     }
 }
 

@@ -76,7 +76,6 @@ use gradwire_codec::{BuildContext, CodecConfig, Progress, TensorInfo, TopKScope}
 use gradwire_collective::compressed::{
     Leg, PowerSgdAllReduce, QuantizedAllReduce, StripeAllReduce,
 };
-use gradwire_collective::{Element, ReduceOp};
 use gradwire_transport::Transport;
 
 use crate::config::{tensor_seed, DenseAlgorithm, EngineConfig, Policy, Strategy};
@@ -84,7 +83,7 @@ use crate::error::{Error, Result};
 use crate::fusion::{plan_groups, Clock, Exec, Item, Kind, TensorState};
 use crate::handle::Slot;
 use crate::pending::Pending;
-use crate::stats::{EngineStats, StallReport, StragglerRecord};
+use crate::stats::{EngineStats, StallReport};
 use crate::timeline::{now_us, Phase, Span};
 use crate::wire::{Descriptor, Message, OpKind};
 
@@ -125,6 +124,31 @@ pub(crate) struct Queue {
     pub flushed_at: Option<Instant>,
     /// When the first submission still queued arrived.
     pub burst_began: Option<Instant>,
+    /// `slots[id]`: registered tensor `id`'s last slot, reused once nothing else holds it.
+    slots: Vec<Option<Arc<Slot>>>,
+}
+
+impl Queue {
+    /// A fresh slot for a submission of registered tensor `id`: the last one, emptied, when
+    /// its handle and submission are both gone (no allocation per step), else a new one.
+    pub(crate) fn slot(&mut self, id: usize) -> Arc<Slot> {
+        if self.slots.len() <= id {
+            self.slots.resize(id + 1, None);
+        }
+        match &self.slots[id] {
+            // Only this table holds it, and only this table (under the queue's lock) hands
+            // out clones: nobody can see it being emptied.
+            Some(s) if Arc::strong_count(s) == 1 => {
+                s.reset();
+                s.clone()
+            }
+            _ => {
+                let s = Arc::new(Slot::default());
+                self.slots[id] = Some(s.clone());
+                s
+            }
+        }
+    }
 }
 
 /// Locks a mutex, ignoring poisoning (the progress thread never panics while holding one).
@@ -230,6 +254,11 @@ pub(crate) struct Worker {
     /// The selection units (see [`selection_units`]): their tensors' ids, increasing. A
     /// unit runs only when all of its tensors are ready.
     units: Vec<Vec<usize>>,
+    /// The round's ready ids and a group's submissions: buffers kept between rounds.
+    ready_buf: Vec<usize>,
+    group_subs: Vec<Submission>,
+    /// Allocations of the speculative round's vectors of slices.
+    spares: Spares,
 }
 
 /// The selection units of `policies`: the tensors of each global-scope top-k policy (same
@@ -419,19 +448,62 @@ pub(crate) struct SpecDone {
 /// The speculative batch's buffers as submitted (empty unless `attach`, which means the
 /// whole batch is pending), in `spec` order: parts are sent straight from them (vectored),
 /// nothing is fused before the round.
-fn spec_batch<'a>(pending: &'a Pending, spec: &[usize], attach: bool) -> Vec<&'a [f32]> {
-    if !attach {
-        return Vec::new();
+fn spec_batch<'a>(
+    pending: &'a Pending,
+    spec: &[usize],
+    attach: bool,
+    mut out: Vec<&'a [f32]>,
+) -> Vec<&'a [f32]> {
+    out.clear();
+    if attach {
+        out.extend(
+            spec.iter()
+                .map(|&id| pending.data(id).expect("the whole batch is pending")),
+        );
     }
-    spec.iter()
-        .map(|&id| pending.data(id).expect("the whole batch is pending"))
-        .collect()
+    out
 }
 
 /// The speculative batch's buffers (the pending submissions of `spec`'s ids, ascending),
-/// mutable, in `spec` order; every one must be pending.
-fn batch_mut<'a>(pending: &'a mut Pending, spec: &[usize]) -> Vec<&'a mut [f32]> {
-    pending.data_mut(spec).expect("the whole batch is pending")
+/// mutable, in `spec` order (in `out`, a kept allocation); every one must be pending.
+fn batch_mut<'a>(
+    pending: &'a mut Pending,
+    spec: &[usize],
+    out: Vec<&'a mut [f32]>,
+) -> Vec<&'a mut [f32]> {
+    pending
+        .data_mut(spec, out)
+        .expect("the whole batch is pending")
+}
+
+/// Allocations of vectors of borrowed slices (`&[f32]`, `&mut [f32]`, `&[u8]`: all of one
+/// size and alignment), kept empty between rounds so that a round allocates none of them.
+#[derive(Default)]
+pub(crate) struct Spares(Vec<Vec<&'static [u8]>>);
+
+impl Spares {
+    /// An empty vector (of slices, for the allocation to fit), on a kept allocation when
+    /// there is one.
+    fn take<U>(&mut self) -> Vec<U> {
+        self.0.pop().map(recycle).unwrap_or_default()
+    }
+
+    /// Keeps `v`'s allocation (emptied) for a later [`Spares::take`].
+    fn put<T>(&mut self, v: Vec<T>) {
+        if v.capacity() > 0 {
+            self.0.push(recycle(v));
+        }
+    }
+}
+
+/// `v` emptied, as a vector of another element type: the same allocation when the types
+/// have the same size and alignment (the standard library collects in place), else a new,
+/// empty vector.
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| -> U { unreachable!("the vector is empty") })
+        .collect()
 }
 
 /// The pieces of the batch's element ranges `a` and `b` (disjoint), one per tensor each
@@ -440,9 +512,10 @@ fn carve<'a>(
     batch: &'a mut [&mut [f32]],
     a: std::ops::Range<usize>,
     b: std::ops::Range<usize>,
+    spares: &mut Spares,
 ) -> (Vec<&'a mut [f32]>, Vec<&'a mut [f32]>) {
     debug_assert!(a.end <= b.start || b.end <= a.start || a.is_empty() || b.is_empty());
-    let (mut pa, mut pb) = (Vec::new(), Vec::new());
+    let (mut pa, mut pb): (Vec<&mut [f32]>, Vec<&mut [f32]>) = (spares.take(), spares.take());
     let mut off = 0;
     for t in batch.iter_mut() {
         let end = off + t.len();
@@ -473,7 +546,12 @@ fn carve<'a>(
 /// exchanges), the ring otherwise (`P-1`), each exchange sent from and received into the
 /// pieces of the tensors it touches. A copy, no arithmetic: any schedule gives the same
 /// bits. Returns the bytes sent.
-fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) -> Result<u64> {
+fn gather_in_place(
+    t: &mut dyn Transport,
+    batch: &mut [&mut [f32]],
+    len: usize,
+    spares: &mut Spares,
+) -> Result<u64> {
     use gradwire_collective::chunks::span;
     let (rank, world) = (t.rank(), t.world_size());
     let mut sent = 0u64;
@@ -484,16 +562,19 @@ fn gather_in_place(t: &mut dyn Transport, batch: &mut [&mut [f32]], len: usize) 
                     send: std::ops::Range<usize>,
                     recv: std::ops::Range<usize>|
      -> Result<()> {
-        let (a, b) = carve(batch, send, recv);
-        // Same-sized elements: both collects reuse carve's allocations.
+        let (a, b) = carve(batch, send, recv, spares);
+        // Same-sized elements: both collects reuse carve's allocations, which go back to
+        // `spares` after.
         let out: Vec<&[u8]> = a
             .into_iter()
             .map(|p| &*bytemuck::cast_slice_mut::<f32, u8>(p))
             .collect();
         let mut into: Vec<&mut [u8]> = b.into_iter().map(bytemuck::cast_slice_mut).collect();
         sent += out.iter().map(|p| p.len() as u64).sum::<u64>();
-        t.send_recv_parts_into(to, &out, from, &mut into)
-            .map_err(gradwire_collective::Error::from)?;
+        let res = t.send_recv_parts_into(to, &out, from, &mut into);
+        spares.put(out);
+        spares.put(into);
+        res.map_err(gradwire_collective::Error::from)?;
         Ok(())
     };
     if world.is_power_of_two() {
@@ -593,6 +674,9 @@ impl Worker {
             spec_tries: 0,
             last: Instant::now(),
             units: selection_units(policies),
+            ready_buf: Vec::new(),
+            group_subs: Vec::new(),
+            spares: Spares::default(),
         };
         w.exec.hosts = hosts;
         for (i, p) in policies.iter().enumerate() {
@@ -905,9 +989,9 @@ impl Worker {
                 self.adhoc[i].by_rank[r] = Some((*t, d.clone()));
             }
         }
-        let mut ready: Vec<usize> = (0..self.entries.len())
-            .filter(|&id| msgs.iter().all(|m| m.bit(id)))
-            .collect();
+        let mut ready = std::mem::take(&mut self.ready_buf);
+        ready.clear();
+        ready.extend((0..self.entries.len()).filter(|&id| msgs.iter().all(|m| m.bit(id))));
         self.complete_adhoc(&mut ready);
         self.inspect(&msgs, now)?;
         if let Some(done) = spec {
@@ -920,6 +1004,7 @@ impl Worker {
             res?;
         }
         self.execute(&ready, negotiated_us)?;
+        self.ready_buf = ready;
         if all_shutdown {
             self.fail_unmatched(&msgs);
             return Ok(false);
@@ -982,9 +1067,11 @@ impl Worker {
             return Ok(None);
         };
         // Then every chunk to every rank, received straight into the submissions.
-        let mut outs = batch_mut(&mut self.pending, &self.spec);
+        let mut outs = batch_mut(&mut self.pending, &self.spec, self.spares.take());
         let gather_start = now_us();
-        let gathered = gather_in_place(&mut *self.t, &mut outs, len)?;
+        let gathered = gather_in_place(&mut *self.t, &mut outs, len, &mut self.spares);
+        self.spares.put(outs);
+        let gathered = gathered?;
         Ok(Some(SpecDone {
             bytes: part_bytes + gathered,
             gather_us: (gather_start, now_us()),
@@ -997,7 +1084,7 @@ impl Worker {
     /// holds its mean), else `None` (the submissions untouched).
     fn speculate_pairwise(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         let (rank, world) = (self.rank, self.world);
-        let batch = spec_batch(&self.pending, &self.spec, attach);
+        let batch = spec_batch(&self.pending, &self.spec, attach, self.spares.take());
         let mine = gradwire_collective::chunks::range(len, world, rank);
         let m = mine.len();
         if attach {
@@ -1051,8 +1138,9 @@ impl Worker {
             });
         }
         // This rank's chunk: the rank-order mean written straight into the submissions.
-        let mut outs = batch_mut(&mut self.pending, &self.spec);
-        let (own, _) = carve(&mut outs, mine, 0..0);
+        self.spares.put(batch);
+        let mut outs = batch_mut(&mut self.pending, &self.spec, self.spares.take());
+        let (own, _) = carve(&mut outs, mine, 0..0, &mut self.spares);
         let mut at = 0;
         for piece in own {
             let n = piece.len();
@@ -1078,7 +1166,7 @@ impl Worker {
     fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         use gradwire_collective::chunks::span;
         let (rank, world) = (self.rank, self.world);
-        let batch = spec_batch(&self.pending, &self.spec, attach);
+        let batch = spec_batch(&self.pending, &self.spec, attach, self.spares.take());
         let mut all = attach;
         let mut part_bytes = 0u64;
         let (mut lo, mut hi) = (0, world);
@@ -1103,7 +1191,7 @@ impl Worker {
                 .filter(|&r| known(rank, r))
                 .map(|r| (r, &gathered[r][..]));
             crate::wire::encode_tree_header(carried, all, &mut self.rd_send);
-            let mut pieces: Vec<&[u8]> = Vec::with_capacity(1 + batch.len().max(1));
+            let mut pieces: Vec<&[u8]> = self.spares.take();
             pieces.push(&self.rd_send);
             if all {
                 part_bytes += 4 * gr.len() as u64;
@@ -1115,9 +1203,11 @@ impl Worker {
                     ));
                 }
             }
-            self.t
-                .send_recv_parts(partner, &pieces, partner, &mut self.rd_recv)
-                .map_err(gradwire_collective::Error::from)?;
+            let res = self
+                .t
+                .send_recv_parts(partner, &pieces, partner, &mut self.rd_recv);
+            self.spares.put(pieces);
+            res.map_err(gradwire_collective::Error::from)?;
             let step = crate::wire::decode_tree_exchange(
                 partner,
                 &self.rd_recv,
@@ -1134,26 +1224,26 @@ impl Worker {
                 // The last step: `kr` is this rank's chunk. When every rank attached, the sum
                 // goes straight into the submissions and is divided there: the additions and
                 // the division of summing into `tree_acc` first, without the copy out of it.
+                self.spares.put(batch);
                 let Some(part) = step.part.filter(|_| all) else {
                     return Ok(None);
                 };
                 grow(&mut self.spec_parts, kr.len());
                 let other = floats_in_place(part, &mut self.spec_parts[..kr.len()]);
-                let mut outs = batch_mut(&mut self.pending, &self.spec);
-                let (own, _) = carve(&mut outs, kr.clone(), 0..0);
+                let mut outs = batch_mut(&mut self.pending, &self.spec, self.spares.take());
+                let (mut own, rest) = carve(&mut outs, kr.clone(), 0..0, &mut self.spares);
+                self.spares.put(rest);
                 let mut at = 0;
-                for piece in own {
+                for piece in own.iter_mut() {
                     let (n, theirs) = (piece.len(), &other[at..at + piece.len()]);
-                    if first {
-                        // own + theirs, in place (a world of two: no partial sums yet).
-                        <f32 as Element>::reduce(ReduceOp::Sum, piece, theirs);
-                    } else {
-                        let acc = &self.tree_acc[kr.start - base + at..][..n];
-                        crate::dense::add_into(piece, acc, theirs);
-                    }
-                    <f32 as Element>::divide(piece, world);
+                    // The sum and the division in one pass; `first`: own + theirs in place
+                    // (a world of two: no partial sums yet).
+                    let acc = (!first).then(|| &self.tree_acc[kr.start - base + at..][..n]);
+                    crate::dense::add_divide_into(piece, acc, theirs, world);
                     at += n;
                 }
+                self.spares.put(own);
+                self.spares.put(outs);
                 return Ok(Some(part_bytes));
             }
             if let (true, Some(part)) = (all, step.part) {
@@ -1373,27 +1463,25 @@ impl Worker {
         negotiated_us: u64,
         reduced: Option<SpecDone>,
     ) -> Result<()> {
-        let start = now_us();
-        let mut subs: Vec<Submission> = group
-            .iter()
-            .map(|&id| {
-                if !self.warned.is_empty() {
-                    self.warned.remove(&self.entries[id].desc.name);
-                }
-                self.pending
-                    .take_id(id)
-                    .expect("ready tensors are pending here")
-            })
-            .collect();
+        let timeline = self.shared.timeline;
+        let start = if timeline { now_us() } else { 0 };
+        // Last group's (emptied) buffer: no allocation per group.
+        let mut subs = std::mem::take(&mut self.group_subs);
+        subs.extend(group.iter().map(|&id| {
+            if !self.warned.is_empty() {
+                self.warned.remove(&self.entries[id].desc.name);
+            }
+            self.pending
+                .take_id(id)
+                .expect("ready tensors are pending here")
+        }));
         let kind = self.states[group[0]].kind;
         let spec_sent = reduced.as_ref().map_or(0, |d| d.bytes);
-        let mut clock = Clock::start();
+        let mut clock = Clock::start(timeline);
         let before = self.t.bytes_sent() + self.exec.local_bytes_sent();
         let res = if let Some(done) = &reduced {
             // Reduced and gathered in the negotiation round, in the submissions' buffers.
-            clock
-                .spans
-                .push((Phase::Wire, done.gather_us.0, done.gather_us.1));
+            clock.span(Phase::Wire, done.gather_us.0, done.gather_us.1);
             Ok(())
         } else {
             let mut items: Vec<Item<'_>> = Vec::with_capacity(group.len());
@@ -1418,9 +1506,10 @@ impl Worker {
         let wire =
             (self.t.bytes_sent() + self.exec.local_bytes_sent()).saturating_sub(before) + spec_sent;
         if let Err(e) = res {
-            for s in subs {
+            for s in subs.drain(..) {
                 s.slot.complete(Err(e.clone()));
             }
+            self.group_subs = subs;
             return Err(e);
         }
         // Stragglers: per rank, the latest submit time among the group's tensors.
@@ -1452,15 +1541,13 @@ impl Worker {
             }
             st.stragglers.record(
                 self.world,
-                StragglerRecord {
-                    tensor: self.entries[group[0]].desc.name.clone(),
-                    tensors: group.len(),
-                    last_rank,
-                    lag_us: hi.saturating_sub(lo),
-                },
+                &self.entries[group[0]].desc.name,
+                group.len(),
+                last_rank,
+                hi.saturating_sub(lo),
             );
         }
-        if self.shared.timeline {
+        if timeline {
             let mut spans = lock(&self.shared.spans);
             for s in &subs {
                 let tensor = &s.desc.name;
@@ -1480,9 +1567,10 @@ impl Worker {
                 }
             }
         }
-        for s in subs {
+        for s in subs.drain(..) {
             s.slot.complete(Ok(s.data));
         }
+        self.group_subs = subs;
         Ok(())
     }
 
@@ -1560,7 +1648,7 @@ mod tests {
                             lens.iter().map(|&n| vec![0.0; n]).collect();
                         let mut batch: Vec<&mut [f32]> =
                             tensors.iter_mut().map(Vec::as_mut_slice).collect();
-                        let (pa, pb) = carve(&mut batch, a0..a1, b0..b1);
+                        let (pa, pb) = carve(&mut batch, a0..a1, b0..b1, &mut Spares::default());
                         assert!(pa.iter().chain(&pb).all(|p| !p.is_empty()));
                         for p in pa {
                             p.iter_mut().for_each(|x| *x += 1.0);
