@@ -90,6 +90,37 @@ fn add_divide_generic(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
     }
 }
 
+/// `out[k] = a[k] + out[k]`: the sum `a + out` (operands in that order) written where `out`
+/// lies, e.g. into a partner's part where it arrived.
+pub(crate) fn add_before(out: &mut [f32], a: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { add_before_avx2(out, a) };
+        return;
+    }
+    add_before_generic(out, a)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_before_avx2(out: &mut [f32], a: &[f32]) {
+    add_before_generic(out, a)
+}
+
+#[inline(always)]
+fn add_before_generic(out: &mut [f32], a: &[f32]) {
+    let a = &a[..out.len()];
+    for (o, x) in out.iter_mut().zip(a) {
+        // `a` first, as the normal path adds (equal bits to `*o += *x` except for which
+        // of two NaNs' payloads survives).
+        #[allow(clippy::assign_op_pattern)]
+        {
+            *o = *x + *o;
+        }
+    }
+}
+
 /// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
 /// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
 /// for the baseline and for AVX2 and picked at run time, like the collective's adder: the

@@ -245,8 +245,12 @@ pub(crate) struct Worker {
     spec_parts: Vec<f32>,
     /// The speculative round's receive buffer per peer (each part is summed where it lands).
     rd_recvs: Vec<Vec<u8>>,
-    /// The tree round's partial sums (the half kept after its first step).
+    /// The tree round's partial sums (the half kept after its first step): in `tree_buf` at
+    /// byte offset `acc_at` (the partner's part where it arrived, the own half added into
+    /// it), or, when that part lay off a 4-byte boundary, in `tree_acc`.
     tree_acc: Vec<f32>,
+    tree_buf: Vec<u8>,
+    acc_at: Option<usize>,
     /// Rounds this rank has attached the current batch in.
     spec_tries: u32,
     /// When this rank last joined a round.
@@ -604,6 +608,33 @@ fn gather_in_place(
     Ok(sent)
 }
 
+/// The tree round's partial sums of elements `base + r`: in `buf` from byte `at` when
+/// `at` is set, else in `acc` (see `Worker::tree_acc`).
+fn acc_of<'a>(
+    buf: &'a [u8],
+    at: Option<usize>,
+    acc: &'a [f32],
+    r: std::ops::Range<usize>,
+) -> &'a [f32] {
+    match at {
+        Some(at) => bytemuck::cast_slice(&buf[at + 4 * r.start..at + 4 * r.end]),
+        None => &acc[r],
+    }
+}
+
+/// [`acc_of`], mutable.
+fn acc_of_mut<'a>(
+    buf: &'a mut [u8],
+    at: Option<usize>,
+    acc: &'a mut [f32],
+    r: std::ops::Range<usize>,
+) -> &'a mut [f32] {
+    match at {
+        Some(at) => bytemuck::cast_slice_mut(&mut buf[at + 4 * r.start..at + 4 * r.end]),
+        None => &mut acc[r],
+    }
+}
+
 /// Makes `v` at least `n` long. Spare space for parts that arrive off a 4-byte boundary,
 /// which the padding makes rare: sized once, not cut and zeroed again every step (its
 /// length alternates between the tree round's steps).
@@ -671,6 +702,8 @@ impl Worker {
             spec_parts: Vec::new(),
             rd_recvs: Vec::new(),
             tree_acc: Vec::new(),
+            tree_buf: Vec::new(),
+            acc_at: None,
             spec_tries: 0,
             last: Instant::now(),
             units: selection_units(policies),
@@ -1158,11 +1191,18 @@ impl Worker {
     /// (`P / 2 mask` of them: the all-gather of messages rides the halving) and, while the
     /// sender and every rank it carries attached, its partial sums of the half the receiver
     /// keeps (`wire::encode_tree_header`). The first step sends straight from the
-    /// submissions and writes `own + partner` into `tree_acc` (the kept half); later steps
-    /// send from and add into `tree_acc`, except the last (partner distance 1): it knows every
-    /// flag, and when all attached it writes `acc + partner` (on two ranks `own + partner`)
-    /// straight into this rank's chunk of the submissions and divides it there by `P`.
-    /// Returns the part bytes sent then, else `None` (the submissions untouched).
+    /// submissions and writes `own + partner` over the partner's part where it arrived in
+    /// the receive buffer, which then holds the partial sums of the kept half (`tree_buf`;
+    /// `tree_acc` when the part lay off a 4-byte boundary); later steps send from and add
+    /// into those, except the last (partner distance 1): it knows every flag, and when all
+    /// attached it writes `(acc + partner) / P` (on two ranks `(own + partner) / P`) in one
+    /// pass straight into this rank's chunk of the submissions. Returns the part bytes sent
+    /// then, else `None` (the submissions untouched).
+    ///
+    /// Summing where the part arrived, rather than into a third buffer, is what brought the
+    /// engine level with flat on LeNet (session 11): the received part is warm from the
+    /// socket copy, and the adder reads two streams and writes one it just read, as flat's
+    /// in-place add does.
     fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         use gradwire_collective::chunks::span;
         let (rank, world) = (self.rank, self.world);
@@ -1198,9 +1238,12 @@ impl Worker {
                 if first {
                     byte_pieces(&batch, gr.clone(), &mut pieces);
                 } else {
-                    pieces.push(bytemuck::cast_slice(
-                        &self.tree_acc[gr.start - base..gr.end - base],
-                    ));
+                    pieces.push(bytemuck::cast_slice(acc_of(
+                        &self.tree_buf,
+                        self.acc_at,
+                        &self.tree_acc,
+                        gr.start - base..gr.end - base,
+                    )));
                 }
             }
             let res = self
@@ -1238,7 +1281,9 @@ impl Worker {
                     let (n, theirs) = (piece.len(), &other[at..at + piece.len()]);
                     // The sum and the division in one pass; `first`: own + theirs in place
                     // (a world of two: no partial sums yet).
-                    let acc = (!first).then(|| &self.tree_acc[kr.start - base + at..][..n]);
+                    let r = kr.start - base + at..kr.start - base + at + n;
+                    let acc =
+                        (!first).then(|| acc_of(&self.tree_buf, self.acc_at, &self.tree_acc, r));
                     crate::dense::add_divide_into(piece, acc, theirs, world);
                     at += n;
                 }
@@ -1246,28 +1291,55 @@ impl Worker {
                 self.spares.put(outs);
                 return Ok(Some(part_bytes));
             }
+            let got = step.part.is_some();
             if let (true, Some(part)) = (all, step.part) {
-                grow(&mut self.spec_parts, kr.len());
-                let other = floats_in_place(part, &mut self.spec_parts[..kr.len()]);
-                if first {
+                let n = kr.len();
+                let at = part.as_ptr() as usize - self.rd_recv.as_ptr() as usize;
+                if first && part.as_ptr().align_offset(4) == 0 {
+                    // own + theirs written where theirs arrived (warm from the socket, so
+                    // no third buffer is read or written); that buffer then holds the
+                    // partial sums, and the next step receives into the other one.
                     base = kr.start;
-                    self.tree_acc.resize(kr.len(), 0.0); // every element written below
-                    let acc = &mut self.tree_acc;
-                    let mut at = 0;
+                    let acc: &mut [f32] =
+                        bytemuck::cast_slice_mut(&mut self.rd_recv[at..at + 4 * n]);
+                    let mut k = 0;
                     for_pieces(&batch, kr.clone(), |i, p| {
-                        let (own, n) = (&batch[i][p.clone()], p.len());
-                        crate::dense::add_into(&mut acc[at..at + n], own, &other[at..at + n]);
-                        at += n;
+                        let m = p.len();
+                        crate::dense::add_before(&mut acc[k..k + m], &batch[i][p]);
+                        k += m;
                     });
+                    std::mem::swap(&mut self.rd_recv, &mut self.tree_buf);
+                    self.acc_at = Some(at);
+                } else if first {
+                    // Off a 4-byte boundary (the padding makes it rare): into `tree_acc`.
+                    base = kr.start;
+                    grow(&mut self.spec_parts, n);
+                    let other = floats_in_place(part, &mut self.spec_parts[..n]);
+                    self.tree_acc.resize(n, 0.0); // every element written below
+                    let acc = &mut self.tree_acc;
+                    let mut k = 0;
+                    for_pieces(&batch, kr.clone(), |i, p| {
+                        let (own, m) = (&batch[i][p.clone()], p.len());
+                        crate::dense::add_into(&mut acc[k..k + m], own, &other[k..k + m]);
+                        k += m;
+                    });
+                    self.acc_at = None;
                 } else {
+                    grow(&mut self.spec_parts, n);
+                    let other = floats_in_place(part, &mut self.spec_parts[..n]);
                     <f32 as gradwire_collective::Element>::reduce(
                         gradwire_collective::ReduceOp::Sum,
-                        &mut self.tree_acc[kr.start - base..kr.end - base],
+                        acc_of_mut(
+                            &mut self.tree_buf,
+                            self.acc_at,
+                            &mut self.tree_acc,
+                            kr.start - base..kr.end - base,
+                        ),
                         other,
                     );
                 }
             }
-            all &= step.part.is_some();
+            all &= got;
             (lo, hi) = keep;
             mask /= 2;
             first = false;
