@@ -61,7 +61,10 @@
 //! per completed handle (slots wake only sleepers), about 60 of 110 allocations (pending
 //! submissions by cache id, buffers kept between rounds), a zeroing and a copy of the chunk:
 //! 0.96-1.10x, with session 8's engine at 0.82-1.02x in the same runs; still not reliably at
-//! or above flat.
+//! or above flat. Session 11 removed most of the rest (handle slots reused, vectors of slices
+//! kept, no clock reads without a timeline) and, the larger part, sums the tree round's first
+//! step where the partner's part arrived instead of into a third buffer: twelve idle rounds
+//! at a mean of 1.07x flat, session 10's engine at 0.97x in the same runs.
 //!
 //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
