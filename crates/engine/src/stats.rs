@@ -183,3 +183,33 @@ impl EngineStats {
         s.tensors += tensors;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Past [`StragglerSummary::RECENT`] records the oldest go first and the rest stay in
+    /// order, with every field of the newest; the totals count every record.
+    #[test]
+    fn recent_records_keep_the_newest_in_order() {
+        let mut s = StragglerSummary::default();
+        let n = StragglerSummary::RECENT + 6;
+        for i in 0..n {
+            s.record(3, &format!("t{i}"), i + 1, i % 3, 10 * i as u64);
+        }
+        assert_eq!(s.collectives, n as u64);
+        assert_eq!(s.recent.len(), StragglerSummary::RECENT);
+        for (k, r) in s.recent.iter().enumerate() {
+            let i = k + 6;
+            let want = StragglerRecord {
+                tensor: format!("t{i}"),
+                tensors: i + 1,
+                last_rank: i % 3,
+                lag_us: 10 * i as u64,
+            };
+            assert_eq!(*r, want);
+        }
+        assert_eq!(s.max_lag_us, 10 * (n as u64 - 1));
+        assert_eq!(s.last_count.iter().sum::<u64>(), n as u64);
+    }
+}

@@ -450,3 +450,43 @@ fn barrier_waits_for_the_last_rank() {
         assert_eq!(st.bytes.other_bytes, 0, "rank {r}: a barrier moved data");
     }
 }
+
+/// Registered tensors' handle slots are reused between steps: a completed handle kept past
+/// the next step's submission keeps its own result, and a handle dropped unwaited leaves its
+/// slot to the next step without leaking its result into it.
+#[test]
+fn kept_and_dropped_handles_do_not_share_results_across_steps() {
+    let tensors = specs(&[4; 3]);
+    world(2, |t| {
+        let e = Engine::start(t, EngineConfig::default(), &tensors).unwrap();
+        let step = |k: f32| {
+            e.all_reduce_batch_unflushed((0..3).map(|i| (format!("t{i}"), vec![k + i as f32; 4])))
+        };
+        let mut first = step(1.0);
+        let kept = first.remove(1);
+        for h in first {
+            h.wait().unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !kept.test() {
+            assert!(Instant::now() < deadline, "the kept handle never completed");
+            std::thread::yield_now();
+        }
+        let second: Vec<Vec<f32>> = step(10.0).into_iter().map(|h| h.wait().unwrap()).collect();
+        assert_eq!(second, vec![vec![10.0; 4], vec![11.0; 4], vec![12.0; 4]]);
+        assert_eq!(
+            kept.wait().unwrap(),
+            vec![2.0; 4],
+            "step 1's t1, not step 2's"
+        );
+
+        let mut third = step(20.0);
+        drop(third.remove(0));
+        for h in third {
+            h.wait().unwrap();
+        }
+        let fourth: Vec<Vec<f32>> = step(30.0).into_iter().map(|h| h.wait().unwrap()).collect();
+        assert_eq!(fourth, vec![vec![30.0; 4], vec![31.0; 4], vec![32.0; 4]]);
+        e.shutdown().unwrap();
+    });
+}
