@@ -37,6 +37,31 @@ use gradwire_collective::hierarchical::Group;
 use gradwire_collective::{chunks, Algorithm, Result};
 use gradwire_transport::Transport;
 
+/// Defines `fn $name` whose body runs compiled for AVX2 when the CPU has it and for the
+/// baseline otherwise (picked at run time, like the collective's adder): the same operations
+/// in the same order either way, so the bits do not depend on the CPU.
+macro_rules! avx2_dispatch {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block
+    ) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn fast($($arg: $ty),*) $body
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    unsafe { fast($($arg),*) };
+                    return;
+                }
+            }
+            $body
+        }
+    };
+}
+
 /// `out[k] = (((parts[0][k] + parts[1][k]) + ...) + parts[P-1][k]) / P` for the `P` ranks'
 /// parts of one chunk (`out.len()` floats each), wherever they lie: every element summed in
 /// rank order, part by part (contiguous loops, no strided reads).
@@ -56,106 +81,65 @@ pub(crate) fn add_into(out: &mut [f32], a: &[f32], b: &[f32]) {
 /// the division. `a`: `None` adds `b` into `out` itself.
 pub(crate) fn add_divide_into(out: &mut [f32], a: Option<&[f32]>, b: &[f32], p: usize) {
     debug_assert!(p.is_power_of_two());
-    let inv = 1.0 / p as f32;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { add_divide_avx2(out, a, b, inv) };
-        return;
-    }
-    add_divide_generic(out, a, b, inv)
+    add_scaled(out, a, b, 1.0 / p as f32)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn add_divide_avx2(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
-    add_divide_generic(out, a, b, inv)
-}
-
-#[inline(always)]
-fn add_divide_generic(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
-    let b = &b[..out.len()];
-    match a {
-        Some(a) => {
-            let a = &a[..out.len()];
-            for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
-                *o = (*x + *y) * inv;
-            }
-        }
-        None => {
-            for (o, y) in out.iter_mut().zip(b) {
-                *o = (*o + *y) * inv;
-            }
-        }
-    }
-}
-
-/// `out[k] = a[k] + out[k]`: the sum `a + out` (operands in that order) written where `out`
-/// lies, e.g. into a partner's part where it arrived.
-pub(crate) fn add_before(out: &mut [f32], a: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { add_before_avx2(out, a) };
-        return;
-    }
-    add_before_generic(out, a)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn add_before_avx2(out: &mut [f32], a: &[f32]) {
-    add_before_generic(out, a)
-}
-
-#[inline(always)]
-fn add_before_generic(out: &mut [f32], a: &[f32]) {
-    let a = &a[..out.len()];
-    for (o, x) in out.iter_mut().zip(a) {
-        // `a` first, as the normal path adds (equal bits to `*o += *x` except for which
-        // of two NaNs' payloads survives).
-        #[allow(clippy::assign_op_pattern)]
-        {
-            *o = *x + *o;
-        }
-    }
-}
-
-/// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
-/// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
-/// for the baseline and for AVX2 and picked at run time, like the collective's adder: the
-/// same additions in the same order either way, so the bits do not depend on the CPU.
-fn rank_order_sum(parts: &[&[f32]], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { rank_order_sum_avx2(parts, out) };
-        return;
-    }
-    rank_order_sum_generic(parts, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn rank_order_sum_avx2(parts: &[&[f32]], out: &mut [f32]) {
-    rank_order_sum_generic(parts, out)
-}
-
-#[inline(always)]
-fn rank_order_sum_generic(parts: &[&[f32]], out: &mut [f32]) {
-    const BLOCK: usize = 512;
-    match parts {
-        [] => {}
-        [p0] => out.copy_from_slice(&p0[..out.len()]),
-        [p0, p1, rest @ ..] => {
-            for (i, o) in out.chunks_mut(BLOCK).enumerate() {
-                let r = i * BLOCK..i * BLOCK + o.len();
-                for ((o, a), b) in o.iter_mut().zip(&p0[r.clone()]).zip(&p1[r.clone()]) {
-                    *o = *a + *b;
+avx2_dispatch! {
+    /// `out[k] = (a[k] + b[k]) * inv` (`a`: `None` reads `out[k]` instead).
+    fn add_scaled(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
+        let b = &b[..out.len()];
+        match a {
+            Some(a) => {
+                let a = &a[..out.len()];
+                for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+                    *o = (*x + *y) * inv;
                 }
-                for p in rest {
-                    for (o, x) in o.iter_mut().zip(&p[r.clone()]) {
-                        *o += *x;
+            }
+            None => {
+                for (o, y) in out.iter_mut().zip(b) {
+                    *o = (*o + *y) * inv;
+                }
+            }
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// `out[k] = a[k] + out[k]`: the sum `a + out` (operands in that order) written where
+    /// `out` lies, e.g. into a partner's part where it arrived.
+    pub(crate) fn add_before(out: &mut [f32], a: &[f32]) {
+        let a = &a[..out.len()];
+        for (o, x) in out.iter_mut().zip(a) {
+            // `a` first, as the normal path adds (equal bits to `*o += *x` except for which
+            // of two NaNs' payloads survives).
+            #[allow(clippy::assign_op_pattern)]
+            {
+                *o = *x + *o;
+            }
+        }
+    }
+}
+
+avx2_dispatch! {
+    /// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
+    /// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
+    /// for the baseline and for AVX2 and picked at run time, like the collective's adder: the
+    /// same additions in the same order either way, so the bits do not depend on the CPU.
+    fn rank_order_sum(parts: &[&[f32]], out: &mut [f32]) {
+        const BLOCK: usize = 512;
+        match parts {
+            [] => {}
+            [p0] => out.copy_from_slice(&p0[..out.len()]),
+            [p0, p1, rest @ ..] => {
+                for (i, o) in out.chunks_mut(BLOCK).enumerate() {
+                    let r = i * BLOCK..i * BLOCK + o.len();
+                    for ((o, a), b) in o.iter_mut().zip(&p0[r.clone()]).zip(&p1[r.clone()]) {
+                        *o = *a + *b;
+                    }
+                    for p in rest {
+                        for (o, x) in o.iter_mut().zip(&p[r.clone()]) {
+                            *o += *x;
+                        }
                     }
                 }
             }
