@@ -638,6 +638,16 @@ fn acc_of_mut<'a>(
     }
 }
 
+/// Now, µs, for the timeline's spans (`timeline`: the engine keeps one); 0 without one,
+/// and no clock read.
+fn stamp(timeline: bool) -> u64 {
+    if timeline {
+        now_us()
+    } else {
+        0
+    }
+}
+
 /// Makes `v` at least `n` long. Spare space for parts that arrive off a 4-byte boundary,
 /// which the padding makes rare: sized once, not cut and zeroed again every step (its
 /// length alternates between the tree round's steps).
@@ -979,7 +989,7 @@ impl Worker {
         self.out_msg = msg;
         let spec = self.negotiate()?;
         let spec_bytes = spec.as_ref().map_or(0, |d| d.bytes);
-        let negotiated_us = now_us();
+        let negotiated_us = stamp(self.shared.timeline);
         let mut msgs = std::mem::take(&mut self.msgs);
         msgs.resize_with(self.world, Message::default);
         for (r, (m, b)) in msgs.iter_mut().zip(&self.gathered).enumerate() {
@@ -1104,13 +1114,13 @@ impl Worker {
         };
         // Then every chunk to every rank, received straight into the submissions.
         let mut outs = batch_mut(&mut self.pending, &self.spec, self.spares.take());
-        let gather_start = now_us();
+        let gather_start = stamp(self.shared.timeline);
         let gathered = gather_in_place(&mut *self.t, &mut outs, len, &mut self.spares);
         self.spares.put(outs);
         let gathered = gathered?;
         Ok(Some(SpecDone {
             bytes: part_bytes + gathered,
-            gather_us: (gather_start, now_us()),
+            gather_us: (gather_start, stamp(self.shared.timeline)),
         }))
     }
 
@@ -1297,12 +1307,12 @@ impl Worker {
             let got = step.part.is_some();
             if let (true, Some(part)) = (all, step.part) {
                 let n = kr.len();
-                let at = part.as_ptr() as usize - self.rd_recv.as_ptr() as usize;
                 if first && part.as_ptr().align_offset(4) == 0 {
                     // own + theirs written where theirs arrived (warm from the socket, so
                     // no third buffer is read or written); that buffer then holds the
                     // partial sums, and the next step receives into the other one.
                     base = kr.start;
+                    let at = part.as_ptr() as usize - self.rd_recv.as_ptr() as usize;
                     let acc: &mut [f32] =
                         bytemuck::cast_slice_mut(&mut self.rd_recv[at..at + 4 * n]);
                     let mut k = 0;
@@ -1539,7 +1549,7 @@ impl Worker {
         reduced: Option<SpecDone>,
     ) -> Result<()> {
         let timeline = self.shared.timeline;
-        let start = if timeline { now_us() } else { 0 };
+        let start = stamp(self.shared.timeline);
         // Last group's (emptied) buffer: no allocation per group.
         let mut subs = std::mem::take(&mut self.group_subs);
         subs.extend(group.iter().map(|&id| {
