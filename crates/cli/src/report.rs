@@ -48,8 +48,9 @@ pub struct ReportArgs {
     #[arg(long, default_value = "none")]
     baseline: String,
     /// Seeds, comma-separated: each codec runs once per seed, and the report gives the mean
-    /// and the spread (lowest to highest) over them. Without it, one run with train's
-    /// default seed.
+    /// and the spread (lowest to highest) over them. The runs go seed by seed (every codec
+    /// with the first seed, then every codec with the next), so that codecs compared in
+    /// time run close together. Without it, one run with train's default seed.
     #[arg(long, value_delimiter = ',')]
     seeds: Vec<u64>,
     /// Rows per codec, comma-separated: `paper` (the codec as its paper specifies it) and
@@ -106,8 +107,10 @@ struct Job {
     dir: PathBuf,
 }
 
-/// The runs of the matrix, link-major then codec-major, in the order given; `mc` rows are
-/// skipped where momentum correction is not an option distinct from the paper's algorithm.
+/// The runs of the matrix, link-major, then seed-major (each seed runs every codec in the
+/// order given before the next seed starts, so that runs compared in time sit close
+/// together on a machine whose speed drifts), then codec-major; `mc` rows are skipped
+/// where momentum correction is not an option distinct from the paper's algorithm.
 /// Without links the runs sit directly in `out`; with links each has its own
 /// `out/link-<spec>` (`none`: no emulation).
 fn plan_jobs(
@@ -143,21 +146,20 @@ fn plan_link(
         seeds.iter().copied().map(Some).collect()
     };
     let mut jobs = Vec::new();
-    for name in codecs {
-        let name = name.clone();
-        let family = name.split(':').next().unwrap_or_default();
-        for &variant in variants {
-            if variant == Variant::Mc && matches!(family, "none" | "dgc" | "auto") {
-                continue;
-            }
-            let mut dir = out.join(sanitize(&name));
-            if variant == Variant::Mc {
-                dir = out.join(format!("{}+mc", sanitize(&name)));
-            }
-            for &seed in &seeds {
+    for &seed in &seeds {
+        for name in codecs {
+            let family = name.split(':').next().unwrap_or_default();
+            for &variant in variants {
+                if variant == Variant::Mc && matches!(family, "none" | "dgc" | "auto") {
+                    continue;
+                }
+                let mut dir = out.join(sanitize(name));
+                if variant == Variant::Mc {
+                    dir = out.join(format!("{}+mc", sanitize(name)));
+                }
                 let dir = match seed {
                     Some(s) => dir.join(format!("seed-{s}")),
-                    None => dir.clone(),
+                    None => dir,
                 };
                 jobs.push(Job {
                     spec: name.clone(),
@@ -476,14 +478,15 @@ mod tests {
             .collect();
         let qsgd = codecs[2].clone();
         let dgc = codecs[1].clone();
+        // Seed-major: every codec of seed 1, then every codec of seed 2.
         let want = vec![
             ("none".to_string(), Variant::Paper, Some(1)),
-            ("none".to_string(), Variant::Paper, Some(2)),
             (dgc.clone(), Variant::Paper, Some(1)),
-            (dgc, Variant::Paper, Some(2)),
             (qsgd.clone(), Variant::Paper, Some(1)),
-            (qsgd.clone(), Variant::Paper, Some(2)),
             (qsgd.clone(), Variant::Mc, Some(1)),
+            ("none".to_string(), Variant::Paper, Some(2)),
+            (dgc, Variant::Paper, Some(2)),
+            (qsgd.clone(), Variant::Paper, Some(2)),
             (qsgd, Variant::Mc, Some(2)),
         ];
         assert_eq!(got, want);
@@ -492,7 +495,8 @@ mod tests {
         dirs.sort();
         dirs.dedup();
         assert_eq!(dirs.len(), jobs.len());
-        assert!(jobs[6].dir.ends_with("seed-1"), "{:?}", jobs[6].dir);
+        let qsgd_mc = out.join(format!("{}+mc", sanitize(&codecs[2])));
+        assert_eq!(jobs[3].dir, qsgd_mc.join("seed-1"));
         // Without seeds: one run per row, in the row's directory.
         let single = plan_jobs(&codecs[..1], &[Variant::Paper], &[], &[], out);
         assert_eq!(single.len(), 1);
