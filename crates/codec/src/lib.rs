@@ -49,7 +49,8 @@ mod powersgd;
 mod qsgd;
 mod rng;
 mod signsgd;
-mod simd;
+#[doc(hidden)]
+pub mod simd;
 mod state;
 mod terngrad;
 // Sparse codecs (threshold, adaptive, topk, randomk, dgc): their `mod` lines go here.

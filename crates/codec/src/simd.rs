@@ -9,7 +9,7 @@
 
 /// Whether this CPU runs the AVX2 + FMA versions.
 #[inline(always)]
-pub(crate) fn has_avx2() -> bool {
+pub fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -21,7 +21,9 @@ pub(crate) fn has_avx2() -> bool {
 }
 
 /// Defines `fn name(args) -> ret { body }` with an AVX2 + FMA copy of `body` chosen at run
-/// time. Arguments must be plain identifiers; at most one `const` generic.
+/// time. Arguments must be plain identifiers; at most one `const` generic. Exported for the
+/// other crates' hot loops (the engine's adders), so there is one dispatch in the workspace.
+#[macro_export]
 macro_rules! multiversion {
     (
         $(#[$meta:meta])*
@@ -43,4 +45,4 @@ macro_rules! multiversion {
         }
     };
 }
-pub(crate) use multiversion;
+pub(crate) use crate::multiversion;

@@ -37,31 +37,6 @@ use gradwire_collective::hierarchical::Group;
 use gradwire_collective::{chunks, Algorithm, Result};
 use gradwire_transport::Transport;
 
-/// Defines `fn $name` whose body runs compiled for AVX2 when the CPU has it and for the
-/// baseline otherwise (picked at run time, like the collective's adder): the same operations
-/// in the same order either way, so the bits do not depend on the CPU.
-macro_rules! avx2_dispatch {
-    (
-        $(#[$meta:meta])*
-        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block
-    ) => {
-        $(#[$meta])*
-        $vis fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2")]
-                unsafe fn fast($($arg: $ty),*) $body
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU supports AVX2 (checked just above).
-                    unsafe { fast($($arg),*) };
-                    return;
-                }
-            }
-            $body
-        }
-    };
-}
-
 /// `out[k] = (((parts[0][k] + parts[1][k]) + ...) + parts[P-1][k]) / P` for the `P` ranks'
 /// parts of one chunk (`out.len()` floats each), wherever they lie: every element summed in
 /// rank order, part by part (contiguous loops, no strided reads).
@@ -84,7 +59,7 @@ pub(crate) fn add_divide_into(out: &mut [f32], a: Option<&[f32]>, b: &[f32], p: 
     add_scaled(out, a, b, 1.0 / p as f32)
 }
 
-avx2_dispatch! {
+gradwire_codec::multiversion! {
     /// `out[k] = (a[k] + b[k]) * inv` (`a`: `None` reads `out[k]` instead).
     fn add_scaled(out: &mut [f32], a: Option<&[f32]>, b: &[f32], inv: f32) {
         let b = &b[..out.len()];
@@ -104,7 +79,7 @@ avx2_dispatch! {
     }
 }
 
-avx2_dispatch! {
+gradwire_codec::multiversion! {
     /// `out[k] = a[k] + out[k]`: the sum `a + out` (operands in that order) written where
     /// `out` lies, e.g. into a partner's part where it arrived.
     pub(crate) fn add_before(out: &mut [f32], a: &[f32]) {
@@ -120,11 +95,10 @@ avx2_dispatch! {
     }
 }
 
-avx2_dispatch! {
+gradwire_codec::multiversion! {
     /// [`rank_order_mean`] without the division: `((p0 + p1) + p2) + ...` element by element,
-    /// in blocks that stay in L1 while every part is added (one pass over the output). Compiled
-    /// for the baseline and for AVX2 and picked at run time, like the collective's adder: the
-    /// same additions in the same order either way, so the bits do not depend on the CPU.
+    /// in blocks that stay in L1 while every part is added (one pass over the output). Like
+    /// every `multiversion!` function, the same additions in the same order on every CPU.
     fn rank_order_sum(parts: &[&[f32]], out: &mut [f32]) {
         const BLOCK: usize = 512;
         match parts {

@@ -1549,7 +1549,7 @@ impl Worker {
         reduced: Option<SpecDone>,
     ) -> Result<()> {
         let timeline = self.shared.timeline;
-        let start = stamp(self.shared.timeline);
+        let start = stamp(timeline);
         // Last group's (emptied) buffer: no allocation per group.
         let mut subs = std::mem::take(&mut self.group_subs);
         subs.extend(group.iter().map(|&id| {
