@@ -27,6 +27,8 @@ mod train_ps;
 mod train_sandblaster;
 mod world;
 
+use std::io::Write;
+
 use clap::{Parser, Subcommand};
 
 /// Communication-efficient distributed deep-learning training.
@@ -93,7 +95,10 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("gradwire: error: {e:#}");
+            // One write(2) of the whole line: the ranks of one job share this stderr, and
+            // `eprintln!` writes each formatted piece separately, so their lines would mix.
+            let line = format!("gradwire: error: {e:#}\n");
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
             std::process::exit(1);
         }
     }
