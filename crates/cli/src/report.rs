@@ -153,10 +153,10 @@ fn plan_link(
                 if variant == Variant::Mc && matches!(family, "none" | "dgc" | "auto") {
                     continue;
                 }
-                let mut dir = out.join(sanitize(name));
-                if variant == Variant::Mc {
-                    dir = out.join(format!("{}+mc", sanitize(name)));
-                }
+                let dir = match variant {
+                    Variant::Mc => out.join(format!("{}+mc", sanitize(name))),
+                    Variant::Paper => out.join(sanitize(name)),
+                };
                 let dir = match seed {
                     Some(s) => dir.join(format!("seed-{s}")),
                     None => dir,
