@@ -70,9 +70,10 @@ pub struct TrainArgs {
     /// size; run.json records the choice and the predictions (`codec_choice`).
     #[arg(long)]
     pub codec: Option<crate::auto_codec::CodecArg>,
-    /// The candidates of `--codec auto`, comma-separated [default: none,fp16,qsgd:bits=4: the
-    /// codecs within 0.5 points of dense in paper mode]; others with measured costs:
-    /// terngrad, onebit, topk:ratio=0.01.
+    /// The candidates of `--codec auto`, comma-separated [default: the codecs within 0.5
+    /// points of dense in paper mode under the job's optimizer: none,fp16,qsgd:bits=4, and
+    /// onebit too under AdaGrad or SGD without momentum]; others with measured costs:
+    /// terngrad, topk:ratio=0.01.
     #[arg(long, value_name = "LIST")]
     pub auto_codecs: Option<String>,
     /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
@@ -266,12 +267,16 @@ impl Plan {
     /// whose momentum is applied after aggregation. The wide MLP fell to 17% with 1-bit SGD at
     /// momentum 0.9, and LeNet ended 2.9 (1-bit) and 54 (adaptive) points under dense, while
     /// under AdaGrad, the optimizer of Seide et al., both tracked dense (docs/fidelity.md).
+    /// `--codec` and every `--rule` count (a rule sending some tensors through 1-bit SGD
+    /// trains those tensors the same way).
     pub(crate) fn momentum_warning(&self) -> Option<String> {
-        let name = match &self.codec {
-            CodecConfig::OneBit(_) => "1-bit SGD (onebit)",
-            CodecConfig::Adaptive(_) => "adaptive quantization",
-            _ => return None,
-        };
+        let name = std::iter::once(&self.codec)
+            .chain(self.rules.iter().map(|r| &r.codec))
+            .find_map(|c| match c {
+                CodecConfig::OneBit(_) => Some("1-bit SGD (onebit)"),
+                CodecConfig::Adaptive(_) => Some("adaptive quantization"),
+                _ => None,
+            })?;
         let (beta, _) = self.train.optimizer.sgd_momentum()?;
         Some(format!(
             "{name} under SGD with momentum {beta} applied after aggregation trains badly or \
@@ -548,10 +553,12 @@ impl TrainArgs {
                     "--codec auto chooses codecs for the all-reduce engine, not a parameter server"
                 );
             }
-            let list = self
-                .auto_codecs
-                .as_deref()
-                .unwrap_or(crate::auto_codec::DEFAULT_CANDIDATES);
+            let list = self.auto_codecs.as_deref().unwrap_or_else(|| {
+                crate::auto_codec::default_candidates(
+                    &plan.train.optimizer,
+                    plan.momentum_correction.is_some(),
+                )
+            });
             let candidates = crate::auto_codec::candidates(list)?;
             let tensors = model_tensors(plan.model, plan.dataset)?;
             let choice = crate::auto_codec::choose(
@@ -1033,6 +1040,71 @@ mod tests {
         for codec in ["none", "qsgd", "terngrad", "topk", "dgc"] {
             assert_eq!(warn(&["--codec", codec]), None, "{codec}");
         }
+        // A rule sends some tensors through 1-bit SGD: those tensors are warned for.
+        let w = warn(&["--rule", "name=fc*=>onebit"]).expect("rule");
+        assert!(w.contains("1-bit SGD"), "{w}");
+        let w = warn(&["--codec", "qsgd", "--rule", "dims=2=>adaptive"]).expect("rule");
+        assert!(w.contains("adaptive"), "{w}");
+        assert_eq!(
+            warn(&["--rule", "name=fc*=>onebit", "--optimizer", "adagrad"]),
+            None
+        );
+        assert_eq!(warn(&["--rule", "name=fc*=>qsgd"]), None);
+    }
+
+    #[test]
+    fn auto_weighs_one_bit_sgd_only_where_no_momentum_follows_aggregation() {
+        let choice = |a: &[&str]| {
+            let mut all = vec!["--model", "mlp:hidden=1024x2", "--workers", "4"];
+            all.extend_from_slice(&["--codec", "auto", "--link", "1gbit"]);
+            all.extend_from_slice(a);
+            args(&all)
+                .unwrap()
+                .merge(TrainFile::default(), "", ALONE)
+                .unwrap()
+                .codec_choice
+                .unwrap()
+        };
+        let weighed = |c: &crate::auto_codec::Choice| c.candidates.join(",");
+        // The default optimizer, SGD with momentum 0.9 after aggregation: no 1-bit SGD.
+        let c = choice(&[]);
+        assert_eq!(weighed(&c), "none,fp16,qsgd:bits=4");
+        assert!(c.tensors.iter().all(|t| t.codec != "onebit"), "{c:?}");
+        // AdaGrad and plain SGD: 1-bit SGD is weighed, and over 1 Gbit/s it sends the two
+        // big weight matrices (a third of QSGD's bytes at about its codec cost).
+        for opt in ["adagrad:lr=0.01", "sgd:lr=0.05"] {
+            let c = choice(&["--optimizer", opt]);
+            assert_eq!(weighed(&c), "none,fp16,qsgd:bits=4,onebit", "{opt}");
+            for big in ["hidden.0.weight", "hidden.1.weight"] {
+                let t = c.tensors.iter().find(|t| t.tensor == big).unwrap();
+                assert_eq!(t.codec, "onebit", "{opt}: {t:?}");
+            }
+            // The job's own rules send those tensors through it, so no momentum warning.
+            let plan = args(&[
+                "--model",
+                "mlp:hidden=1024x2",
+                "--workers",
+                "4",
+                "--codec",
+                "auto",
+                "--link",
+                "1gbit",
+                "--optimizer",
+                opt,
+            ])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+            assert_eq!(plan.momentum_warning(), None, "{opt}");
+        }
+        // A list given by hand is taken as it is.
+        let c = choice(&[
+            "--optimizer",
+            "adagrad",
+            "--auto-codecs",
+            "none,qsgd:bits=4",
+        ]);
+        assert_eq!(weighed(&c), "none,qsgd:bits=4");
     }
 
     #[test]
