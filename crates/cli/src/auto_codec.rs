@@ -65,16 +65,15 @@ pub const DEFAULT_CANDIDATES: &str = "none,fp16,qsgd:bits=4";
 /// SGD): 1-bit SGD trains there as its paper trains it.
 pub const DEFAULT_CANDIDATES_NO_MOMENTUM: &str = "none,fp16,qsgd:bits=4,onebit";
 
-/// The default candidates for a job under `optimizer`, `corrected` when the engine's
-/// momentum correction is on (the codecs then compress the velocity, where 1-bit SGD has not
-/// been measured).
-pub fn default_candidates(optimizer: &OptimizerConfig, corrected: bool) -> &'static str {
+/// The default candidates for a job under `optimizer`. (`--momentum-correction on`, under
+/// which the codecs would compress the velocity, is refused with `--codec auto`.)
+pub fn default_candidates(optimizer: &OptimizerConfig) -> &'static str {
     let no_momentum = match optimizer.kind {
         OptimizerKind::Adagrad { .. } => true,
         OptimizerKind::Sgd { momentum, .. } => momentum == 0.0,
         OptimizerKind::Adam { .. } => false,
     };
-    if no_momentum && !corrected {
+    if no_momentum {
         DEFAULT_CANDIDATES_NO_MOMENTUM
     } else {
         DEFAULT_CANDIDATES
@@ -415,15 +414,14 @@ mod tests {
     #[test]
     fn one_bit_sgd_is_a_default_candidate_only_without_momentum_after_aggregation() {
         let opt = |spec: &str| spec.parse::<OptimizerConfig>().unwrap();
-        for (spec, corrected, want) in [
-            ("sgd:lr=0.05,momentum=0.9", false, DEFAULT_CANDIDATES),
-            ("adam:lr=0.001", false, DEFAULT_CANDIDATES),
-            ("adagrad:lr=0.01", false, DEFAULT_CANDIDATES_NO_MOMENTUM),
-            ("sgd:lr=0.05", false, DEFAULT_CANDIDATES_NO_MOMENTUM),
-            // The engine's momentum correction compresses the velocity: not measured.
-            ("sgd:lr=0.05", true, DEFAULT_CANDIDATES),
+        for (spec, want) in [
+            ("sgd:lr=0.05,momentum=0.9", DEFAULT_CANDIDATES),
+            ("sgd:lr=0.05,momentum=0.9,nesterov", DEFAULT_CANDIDATES),
+            ("adam:lr=0.001", DEFAULT_CANDIDATES),
+            ("adagrad:lr=0.01", DEFAULT_CANDIDATES_NO_MOMENTUM),
+            ("sgd:lr=0.05", DEFAULT_CANDIDATES_NO_MOMENTUM),
         ] {
-            assert_eq!(default_candidates(&opt(spec), corrected), want, "{spec}");
+            assert_eq!(default_candidates(&opt(spec)), want, "{spec}");
         }
         assert!(DEFAULT_CANDIDATES_NO_MOMENTUM.ends_with(",onebit"));
         assert!(!DEFAULT_CANDIDATES.contains("onebit"));

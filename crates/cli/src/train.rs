@@ -553,12 +553,10 @@ impl TrainArgs {
                     "--codec auto chooses codecs for the all-reduce engine, not a parameter server"
                 );
             }
-            let list = self.auto_codecs.as_deref().unwrap_or_else(|| {
-                crate::auto_codec::default_candidates(
-                    &plan.train.optimizer,
-                    plan.momentum_correction.is_some(),
-                )
-            });
+            let list = self
+                .auto_codecs
+                .as_deref()
+                .unwrap_or_else(|| crate::auto_codec::default_candidates(&plan.train.optimizer));
             let candidates = crate::auto_codec::candidates(list)?;
             let tensors = model_tensors(plan.model, plan.dataset)?;
             let choice = crate::auto_codec::choose(
