@@ -98,11 +98,11 @@ pub fn default_candidates(optimizer: &OptimizerConfig) -> &'static str {
 /// loopback, the same model, seeds 1 and 2, epochs 2 to 10): its synchronization less the
 /// wire took 1.01 times QSGD's per element (7.76e-9 and 8.53e-9 s against 8.13e-9 and
 /// 7.97e-9; both codecs got faster since session 9, dense with them), so its total on the
-/// stripe route is set to 1.01 x QSGD's 1.58e-8, split in the ratio of its `bench codecs`
-/// throughputs on this tensor size (encode 9.44, decode 18.10 GB/s). Over 1 Gbit/s the same
-/// comparison gives 1.5 times QSGD's (`docs/report-mlp-links-s13-*`); `auto` keeps the
-/// loopback ratio, measured as QSGD's was. The other rows are single-process figures measured
-/// on the loaded machine (session 6).
+/// stripe route is set to 1.01 x the 1.59e-8 of QSGD's constants, split in the ratio of its
+/// `bench codecs` throughputs on this tensor size (encode 9.44, decode 18.10 GB/s). Over
+/// 1 Gbit/s the same comparison gives 1.5 times QSGD's (`docs/report-mlp-links-s13-*`);
+/// `auto` keeps the loopback ratio, measured as QSGD's was. The other rows are
+/// single-process figures measured on the loaded machine (session 6).
 pub const KNOWN: [(&str, f64, f64, f64); 6] = [
     ("none", 0.0, 0.0, 4.0),
     ("fp16", 6.4e-9, 1.9e-8, 2.0),
