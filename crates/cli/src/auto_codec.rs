@@ -343,6 +343,14 @@ mod tests {
         ]
     }
 
+    /// The stripe exchange of `n` elements at `p` ranks, written out independently of the
+    /// cost model, in milliseconds: `2 (p-1) (alpha + n w beta / p)` on the wire for `w`
+    /// bytes per element, encode `e n (1 + 1/p)` and decode `2 d n`.
+    fn stripe_ms(net: &Network, p: f64, n: f64, w: f64, e: f64, d: f64) -> f64 {
+        let wire = 2.0 * (p - 1.0) * (net.alpha + n * w * net.beta / p);
+        (wire + e * n * (1.0 + 1.0 / p) + 2.0 * d * n) * 1e3
+    }
+
     fn pick(c: &Choice, name: &str) -> String {
         c.tensors
             .iter()
@@ -398,8 +406,7 @@ mod tests {
         let c = choose(&t, 4, Some(&link), 0, &cands).unwrap();
         let net = network(Some(&link)).unwrap();
         let (p, n) = (4.0, 4_194_304.0);
-        let qsgd_wire = 2.0 * (p - 1.0) * (net.alpha + n * 0.508 * net.beta / p);
-        let qsgd_ms = (qsgd_wire + 7.2e-9 * n * (1.0 + 1.0 / p) + 2.0 * 3.45e-9 * n) * 1e3;
+        let qsgd_ms = stripe_ms(&net, p, n, 0.508, 7.2e-9, 3.45e-9);
         let got = &c.tensors[0].predicted_ms;
         assert_eq!(got[1].1, "stripe", "{got:?}");
         assert!(
@@ -442,15 +449,12 @@ mod tests {
         // On loopback the codec work costs more than the bytes it saves: dense.
         let c = choose(&lenet_like(), 4, None, 4 << 20, &cands).unwrap();
         assert!(c.tensors.iter().all(|t| t.codec == "none"), "{c:?}");
-        // Written out for the big matrix on the stripe route: 2 (P-1) (alpha + n w beta / P)
-        // on the wire, e n (1 + 1/P) + 2 d n in the codec.
+        // Written out for the big matrix on the stripe route, fusion off.
         let l: LinkConfig = "10mbit".parse().unwrap();
         let t = [TensorSpec::new("w", [2048, 2048])];
         let c = choose(&t, 4, Some(&l), 0, &cands).unwrap();
         let net = network(Some(&l)).unwrap();
-        let (p, n) = (4.0, 4_194_304.0);
-        let wire = 2.0 * (p - 1.0) * (net.alpha + n * 0.139 * net.beta / p);
-        let want_ms = (wire + 7.0e-9 * n * (1.0 + 1.0 / p) + 2.0 * 3.65e-9 * n) * 1e3;
+        let want_ms = stripe_ms(&net, 4.0, 4_194_304.0, 0.139, 7.0e-9, 3.65e-9);
         let got = &c.tensors[0].predicted_ms[3];
         assert_eq!((got.0.as_str(), got.1.as_str()), ("onebit", "stripe"));
         assert!(
