@@ -351,6 +351,18 @@ mod tests {
         (wire + e * n * (1.0 + 1.0 / p) + 2.0 * d * n) * 1e3
     }
 
+    /// Over 10 Gbit/s and on loopback, at 4 ranks, every tensor stays dense.
+    fn fast_links_stay_dense(cands: &[(CodecConfig, CodecProfile)]) {
+        let ten: LinkConfig = "10gbit".parse().unwrap();
+        for link in [Some(&ten), None] {
+            let c = choose(&lenet_like(), 4, link, 4 << 20, cands).unwrap();
+            assert!(
+                c.tensors.iter().all(|t| t.codec == "none"),
+                "{link:?}: {c:?}"
+            );
+        }
+    }
+
     fn pick(c: &Choice, name: &str) -> String {
         c.tensors
             .iter()
@@ -373,14 +385,7 @@ mod tests {
         assert_eq!(pick(&mid, "big.weight"), "qsgd:bits=4", "{mid:?}");
         // Over 10 Gbit/s and loopback four ranks on two cores encode slower than the link
         // moves the bytes QSGD saves: all dense.
-        let ten: LinkConfig = "10gbit".parse().unwrap();
-        for link in [Some(&ten), None] {
-            let fast = choose(&lenet_like(), 4, link, 4 << 20, &cands).unwrap();
-            assert!(
-                fast.tensors.iter().all(|t| t.codec == "none"),
-                "{link:?}: {fast:?}"
-            );
-        }
+        fast_links_stay_dense(&cands);
         let alone = choose(&lenet_like(), 1, Some(&slow), 4 << 20, &cands).unwrap();
         assert!(
             alone.tensors.iter().all(|t| t.codec == "none"),
@@ -446,16 +451,8 @@ mod tests {
             let c = choose(&lenet_like(), 4, Some(&l), 4 << 20, &cands).unwrap();
             assert_eq!(pick(&c, "big.weight"), "onebit", "{link}: {c:?}");
         }
-        // Over 10 Gbit/s and on loopback the codec work costs more than the bytes it saves:
-        // dense.
-        let ten: LinkConfig = "10gbit".parse().unwrap();
-        for link in [Some(&ten), None] {
-            let c = choose(&lenet_like(), 4, link, 4 << 20, &cands).unwrap();
-            assert!(
-                c.tensors.iter().all(|t| t.codec == "none"),
-                "{link:?}: {c:?}"
-            );
-        }
+        // Over 10 Gbit/s and on loopback the codec work costs more than the bytes it saves.
+        fast_links_stay_dense(&cands);
         // Written out for the big matrix on the stripe route, fusion off.
         let l: LinkConfig = "10mbit".parse().unwrap();
         let t = [TensorSpec::new("w", [2048, 2048])];
