@@ -16,8 +16,8 @@
 //! 2. *Momentum correction*: `u = m*u + g; v = v + u` (`nesterov=true`: `u = m*(u + g);
 //!    v = v + u + g`).
 //! 3. *Sparsification* per tensor of the layout: the `k = ceil(ratio_e * n_t)` largest `|v|`
-//!    are sent. Threshold by sampling (0.1%..1% of the tensor, at least `32/ratio` samples, in
-//!    cache-line runs), one fused pass (the momentum update of step 2 and `|v| > thr` in the
+//!    are sent. Threshold by sampling (0.1%..1% of the tensor, the paper's range: `32/ratio`
+//!    samples where that range allows, at least 1024, in cache-line runs), one fused pass (the momentum update of step 2 and `|v| > thr` in the
 //!    same loop), then the "hierarchical re-selection": an exact `select_nth` among the few
 //!    candidates cuts them to exactly k (if the sample over-estimated and fewer than k came out,
 //!    the threshold is lowered and `v` scanned again). Which tensors are sent whole follows

@@ -31,7 +31,7 @@
 
 use gradwire_codec::{Codec, SparseGrad};
 use gradwire_collective::compressed::{
-    PowerSgdAllReduce, QuantizedAllReduce, Reduce, SparseAllReduce, StripeAllReduce,
+    PowerSgdAllReduce, QuantizedAllReduce, Reduce, SparseAllReduce, SparseSum, StripeAllReduce,
 };
 use gradwire_collective::{Algorithm, CollectiveConfig, ReduceOp};
 use gradwire_transport::Transport;
@@ -193,6 +193,40 @@ fn mean(buf: &mut [f32], world: usize) {
     if world > 1 {
         let n = world as f32;
         buf.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+/// Writes the mean of a sparse all-reduce's sum (`sum / world`, as [`mean`] computes it) into
+/// the items, laid out as [`fuse_into`] lays them: one pass per item, with no dense
+/// intermediate (a dense sum is divided as it is copied; sparse pairs are scattered into the
+/// zeroed item).
+fn write_mean(sum: SparseSum<'_>, items: &mut [Item<'_>], world: usize) {
+    let n = world as f32;
+    let div = |x: f32| if world > 1 { x / n } else { x };
+    match sum {
+        SparseSum::Dense(d) => {
+            let mut off = 0;
+            for it in items.iter_mut() {
+                let len = it.data.len();
+                for (a, &x) in it.data.iter_mut().zip(&d[off..off + len]) {
+                    *a = div(x);
+                }
+                off += len;
+            }
+        }
+        SparseSum::Sparse(s) => {
+            let (mut off, mut j) = (0usize, 0usize);
+            for it in items.iter_mut() {
+                it.data.fill(0.0);
+                let end = off + it.data.len();
+                while j < s.indices.len() && (s.indices[j] as usize) < end {
+                    // `0.0 + v` as the dense path's zeroed buffer plus a scatter gives it.
+                    it.data[s.indices[j] as usize - off] = div(0.0 + s.values[j]);
+                    j += 1;
+                }
+                off = end;
+            }
+        }
     }
 }
 
@@ -480,23 +514,15 @@ impl Exec {
             off += it.data.len() as u32;
         }
         clock.mark(Phase::Encode);
-        let mut out = std::mem::take(&mut self.fused);
-        out.clear();
-        out.resize(off as usize, 0.0);
-        let res = self.sparse.all_reduce_pairs(t, &self.fused_pairs, &mut out);
+        let res = self
+            .sparse
+            .all_reduce_pairs_sum(t, &self.fused_pairs, off as usize);
         clock.mark(Phase::Wire);
-        if res.is_ok() {
-            let mut o = 0;
-            for it in items.iter_mut() {
-                let n = it.data.len();
-                it.data.copy_from_slice(&out[o..o + n]);
-                mean(it.data, world);
-                o += n;
-            }
+        if let Ok(sum) = res {
+            write_mean(sum, items, world);
         }
-        self.fused = out;
         clock.mark(Phase::Unfuse);
-        Ok(res?)
+        Ok(res.map(|_| ())?)
     }
 
     /// A selection unit (a global-scope top-k policy's tensors, all of them, in registration
@@ -551,15 +577,23 @@ impl Exec {
             }
         }
         clock.mark(Phase::Encode);
+        if sparse {
+            // The sum goes straight into the items (no dense accumulator to zero and copy).
+            let res = self.sparse.all_reduce_pairs_sum(t, &self.pairs, cat.len());
+            clock.mark(Phase::Wire);
+            if let Ok(sum) = res {
+                write_mean(sum, items, world);
+            }
+            self.scratch = cat;
+            clock.mark(Phase::Unfuse);
+            return Ok(res.map(|_| ())?);
+        }
         // The concatenation's length stays; its values become the sum's accumulator.
         cat.fill(0.0);
-        let res = if sparse {
-            self.sparse.all_reduce_pairs(t, &self.pairs, &mut cat)
-        } else {
-            gradwire_collective::gather::all_gather_bytes(t, &self.payload, &mut self.gathered)
-        };
+        let res =
+            gradwire_collective::gather::all_gather_bytes(t, &self.payload, &mut self.gathered);
         clock.mark(Phase::Wire);
-        if res.is_ok() && !sparse {
+        if res.is_ok() {
             let codec = items[0].state.codec.as_ref().expect("the unit's codec");
             for (peer, p) in self.gathered.iter().enumerate() {
                 if let Err(source) = codec.decode_add(p, &mut cat) {

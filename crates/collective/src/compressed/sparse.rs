@@ -22,6 +22,15 @@ use crate::{Error, Result};
 /// A merged set denser than `1 / DENSE_FRACTION` of the tensor goes dense.
 pub const DENSE_FRACTION: usize = 3;
 
+/// The sum of a [`SparseAllReduce::all_reduce_pairs_sum`], as the all-reduce ended it.
+#[derive(Debug, Clone, Copy)]
+pub enum Sum<'a> {
+    /// Sorted pairs, each index once; every other element of the sum is zero.
+    Sparse(&'a SparseGrad),
+    /// Every element of the sum.
+    Dense(&'a [f32]),
+}
+
 /// The running sum: sorted pairs or a dense vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -86,7 +95,27 @@ impl SparseAllReduce {
         mine: &SparseGrad,
         out: &mut [f32],
     ) -> Result<()> {
-        let len = out.len();
+        match self.all_reduce_pairs_sum(t, mine, out.len())? {
+            Sum::Sparse(s) => {
+                out.fill(0.0);
+                sparse_wire::scatter_add(s, out);
+            }
+            Sum::Dense(d) => out.copy_from_slice(d),
+        }
+        Ok(())
+    }
+
+    /// Sums every rank's `mine` (strictly increasing indices `< len`; every rank passes the
+    /// same `len`) and returns the sum as it ended: sorted pairs (each index once) or a dense
+    /// vector of `len`, borrowed from this all-reduce's buffers. For callers that write the
+    /// sum somewhere of their own (scaled, split by tensor) without first zeroing and filling
+    /// a dense buffer.
+    pub fn all_reduce_pairs_sum<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        mine: &SparseGrad,
+        len: usize,
+    ) -> Result<Sum<'_>> {
         if mine.indices.len() != mine.values.len()
             || mine.indices.windows(2).any(|w| w[0] >= w[1])
             || mine.indices.last().is_some_and(|&i| i as usize >= len)
@@ -108,15 +137,18 @@ impl SparseAllReduce {
                 self.encode(state, len);
                 t.send(proxy, &self.send)?;
                 t.recv(proxy, &mut self.recv)?;
-                match sparse_wire::decode(proxy, &self.recv, len, &mut self.other, &mut self.dense)?
-                {
-                    Kind::Sparse => {
-                        out.fill(0.0);
-                        sparse_wire::scatter_add(&self.other, out);
-                    }
-                    Kind::Dense => out.copy_from_slice(&self.dense),
-                }
-                return Ok(());
+                return Ok(
+                    match sparse_wire::decode(
+                        proxy,
+                        &self.recv,
+                        len,
+                        &mut self.other,
+                        &mut self.dense,
+                    )? {
+                        Kind::Sparse => Sum::Sparse(&self.other),
+                        Kind::Dense => Sum::Dense(&self.dense),
+                    },
+                );
             }
             Role::Proxy { extra, vrank } => {
                 t.recv(extra, &mut self.recv)?;
@@ -133,14 +165,10 @@ impl SparseAllReduce {
                 }
             }
         }
-        match state {
-            State::Sparse => {
-                out.fill(0.0);
-                sparse_wire::scatter_add(&self.cur, out);
-            }
-            State::Dense => out.copy_from_slice(&self.dense),
-        }
-        Ok(())
+        Ok(match state {
+            State::Sparse => Sum::Sparse(&self.cur),
+            State::Dense => Sum::Dense(&self.dense),
+        })
     }
 
     fn encode(&mut self, state: State, len: usize) {
@@ -173,7 +201,14 @@ impl SparseAllReduce {
         )?;
         Ok(match (state, kind) {
             (State::Sparse, Kind::Sparse) => {
-                let n = sparse_wire::union_len(&self.cur.indices, &self.other.indices);
+                // The union's size decides; both partners compute the same. Its bounds
+                // (max(a, b) <= n <= a + b) decide without counting when they can.
+                let (a, b) = (self.cur.indices.len(), self.other.indices.len());
+                let n = if (a + b) * DENSE_FRACTION <= len || a.max(b) * DENSE_FRACTION > len {
+                    a + b
+                } else {
+                    sparse_wire::union_len(&self.cur.indices, &self.other.indices)
+                };
                 if n * DENSE_FRACTION > len {
                     self.go_dense(len);
                     sparse_wire::scatter_add(&self.other, &mut self.dense);

@@ -246,15 +246,11 @@ pub(crate) fn merge(a: &SparseGrad, b: &SparseGrad, out: &mut SparseGrad) {
 /// Size of the union of two sorted index lists.
 pub(crate) fn union_len(a: &[u32], b: &[u32]) -> usize {
     let (mut i, mut j, mut n) = (0, 0, 0);
+    // Branch-free steps: the lower index advances, both on a tie (one union element each).
     while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                i += 1;
-                j += 1;
-            }
-        }
+        let (x, y) = (a[i], b[j]);
+        i += usize::from(x <= y);
+        j += usize::from(y <= x);
         n += 1;
     }
     n + (a.len() - i) + (b.len() - j)
@@ -275,6 +271,21 @@ mod tests {
         SparseGrad {
             indices: pairs.iter().map(|p| p.0).collect(),
             values: pairs.iter().map(|p| p.1).collect(),
+        }
+    }
+
+    proptest::proptest! {
+        /// The union's size equals a set's, for any two sorted index lists (empty, equal,
+        /// disjoint, overlapping).
+        #[test]
+        fn union_len_is_the_size_of_the_set_union(
+            a in proptest::collection::btree_set(0u32..300, 0..120),
+            b in proptest::collection::btree_set(0u32..300, 0..120),
+        ) {
+            let want = a.union(&b).count();
+            let (a, b): (Vec<u32>, Vec<u32>) = (a.into_iter().collect(), b.into_iter().collect());
+            proptest::prop_assert_eq!(union_len(&a, &b), want);
+            proptest::prop_assert_eq!(union_len(&b, &a), want);
         }
     }
 

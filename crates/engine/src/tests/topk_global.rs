@@ -144,6 +144,10 @@ fn global_topk_equals_one_selection_over_the_concatenation() {
         ("topk:ratio=0.05,select=exact", 0.05),
         ("topk:ratio=0.05", 0.05),
         ("topk:ratio=0.01", 0.01),
+        // Dense enough that the sparse all-reduce's sum goes dense after a merge, and from
+        // the start.
+        ("topk:ratio=0.25,select=exact", 0.25),
+        ("topk:ratio=0.37,select=exact", 0.37),
     ] {
         for strategy in [Strategy::Sparse, Strategy::Gather] {
             for momentum in [None, Some(masked)] {

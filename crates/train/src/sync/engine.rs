@@ -49,6 +49,10 @@ pub struct EngineSync {
     /// The averaging [`GradientSync::start_sync`] began: tensor indices and their handles,
     /// in submission order, and the wire bytes before it.
     in_flight: Option<(Vec<(usize, Handle)>, u64)>,
+    /// The buffers the engine handed back last step, one per tensor, refilled by the next
+    /// submit: a step allocates nothing of the gradient's size (freed and re-faulted pages
+    /// cost as much as a copy).
+    spare: Vec<Vec<f32>>,
 }
 
 fn total_sent(b: &ByteStats) -> u64 {
@@ -90,6 +94,7 @@ impl EngineSync {
             step: 0,
             sent,
             in_flight: None,
+            spare: vec![Vec::new(); tensors.len()],
         })
     }
 
@@ -141,12 +146,16 @@ impl EngineSync {
         self.step += 1;
         let wire_before = engine.bytes().wire_bytes;
         let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
-        let batch = order.iter().map(|&i| {
-            (
-                self.names[i].as_str(),
-                grads[self.ranges[i].clone()].to_vec(),
-            )
-        });
+        let (names, ranges, spare) = (&self.names, &self.ranges, &mut self.spare);
+        let batch: Vec<(&str, Vec<f32>)> = order
+            .iter()
+            .map(|&i| {
+                let mut buf = std::mem::take(&mut spare[i]);
+                buf.clear();
+                buf.extend_from_slice(&grads[ranges[i].clone()]);
+                (names[i].as_str(), buf)
+            })
+            .collect();
         let handles = if flush {
             engine.all_reduce_batch(batch)
         } else {
@@ -181,6 +190,7 @@ impl EngineSync {
             let c0 = Instant::now();
             on_ready(r.clone(), &out[r])?;
             in_callbacks += c0.elapsed();
+            self.spare[i] = got;
         }
         let engine = self.engine.as_ref().expect("engine present until shutdown");
         let bytes = engine.bytes();
