@@ -293,6 +293,37 @@ mod tests {
     use crate::sparse::{lcg, reference_topk};
     use rand::SeedableRng;
 
+    /// DGC samples 0.1% to 1% of the gradient for its threshold (section 5 of the paper);
+    /// within that range the sample aims at 32 hits of the k-th value, never under 1024.
+    #[test]
+    fn threshold_samples_are_the_papers_tenth_to_one_percent() {
+        let n = 1 << 20;
+        for (k, lo, hi) in [
+            (1, n / 100, n / 100 + 16),         // 32/p beyond 1%: capped at 1%
+            (1049, n / 100, n / 100 + 16),      // DGC's 0.1%: 32/p = 32,000 > 1%, so 1%
+            (10_486, 3_199, 3_216),             // top-k's 1%: 32/p = 3,200, inside the range
+            (262_144, n / 1000, n / 1000 + 16), // DGC's first warm-up epoch (25%): 0.1%
+        ] {
+            let mut est = ThresholdEstimate::default();
+            let mut rng = ChaCha8Rng::seed_from_u64(7);
+            est.first(n, k, &mut rng, |i| i as f32);
+            let s = est.keys.len();
+            assert!(
+                (lo..=hi).contains(&s),
+                "k={k}: {s} samples, want {lo}..={hi}"
+            );
+        }
+        // Small tensors: at least 1024 samples (at most a quarter of the tensor).
+        let mut est = ThresholdEstimate::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        est.first(40_000, 40, &mut rng, |i| i as f32);
+        assert!(
+            (1024..=1040).contains(&est.keys.len()),
+            "{}",
+            est.keys.len()
+        );
+    }
+
     #[test]
     fn exact_and_sampled_agree_with_reference() {
         for &(n, k) in &[
