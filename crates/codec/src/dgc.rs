@@ -17,16 +17,18 @@
 //!    v = v + u + g`).
 //! 3. *Sparsification* per tensor of the layout: the `k = ceil(ratio_e * n_t)` largest `|v|`
 //!    are sent. Threshold by sampling (0.1%..1% of the tensor, the paper's range: `32/ratio`
-//!    samples where that range allows, at least 1024, in cache-line runs), one fused pass (the momentum update of step 2 and `|v| > thr` in the
-//!    same loop), then the "hierarchical re-selection": an exact `select_nth` among the few
+//!    samples where that range allows, at least 1024, in cache-line runs), one fused pass
+//!    (the momentum update of step 2 and `|v| > thr` in the same loop), then the
+//!    "hierarchical re-selection": an exact `select_nth` among the few
 //!    candidates cuts them to exactly k (if the sample over-estimated and fewer than k came out,
 //!    the threshold is lowered and `v` scanned again). Which tensors are sent whole follows
 //!    the reference code (synxlin/deep-gradient-compression compresses only tensors of more
 //!    than one dimension): 1-D tensors (biases, norm scales) of
 //!    [`crate::BuildContext::tensors`] are sent dense. Deviation when the shapes are unknown:
 //!    tensors of fewer than 1024 elements are sent dense instead. `min_dense=N` replaces both
-//!    rules by "tensors of fewer than `N` elements". Dense tensors are sent whole: their value is the momentum velocity `u` (`u + g` with
-//!    Nesterov), and `v` is not used for them, so they follow plain momentum SGD.
+//!    rules by "tensors of fewer than `N` elements". Dense tensors are sent whole: their
+//!    value is the momentum velocity `u` (`u + g` with Nesterov), and `v` is not used for
+//!    them, so they follow plain momentum SGD.
 //! 4. *Momentum factor masking*: `u = 0` and `v = 0` at the sent indices.
 //! 5. *Warm-up*: `ratio_e` is `max(ratio, 0.25^(e+1))` during the first `warmup_epochs` epochs
 //!    (`e = floor(epoch)` from [`Codec::set_progress`]) and `ratio` after: with the defaults
