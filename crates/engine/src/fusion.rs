@@ -230,6 +230,25 @@ fn write_mean(sum: SparseSum<'_>, items: &mut [Item<'_>], world: usize) {
     }
 }
 
+/// Sums every rank's `pairs` (indices into the items' concatenation) with the sparse
+/// all-reduce and writes the mean straight into the items ([`write_mean`]: no dense
+/// accumulator to zero and copy).
+fn sum_pairs_into(
+    sparse: &mut SparseAllReduce,
+    t: &mut dyn Transport,
+    pairs: &SparseGrad,
+    items: &mut [Item<'_>],
+    clock: &mut Clock,
+) -> Result<()> {
+    let len = items.iter().map(|it| it.data.len()).sum();
+    let world = t.world_size();
+    let res = sparse.all_reduce_pairs_sum(t, pairs, len);
+    clock.mark(Phase::Wire);
+    let res = res.map(|sum| write_mean(sum, items, world));
+    clock.mark(Phase::Unfuse);
+    Ok(res?)
+}
+
 impl Exec {
     pub(crate) fn new(collective: CollectiveConfig, dense: DenseAlgorithm) -> Exec {
         Exec {
@@ -483,7 +502,6 @@ impl Exec {
         mask: bool,
         clock: &mut Clock,
     ) -> Result<()> {
-        let world = t.world_size();
         clock.mark(Phase::Fuse);
         self.fused_pairs.clear();
         let mut off = 0u32;
@@ -514,15 +532,7 @@ impl Exec {
             off += it.data.len() as u32;
         }
         clock.mark(Phase::Encode);
-        let res = self
-            .sparse
-            .all_reduce_pairs_sum(t, &self.fused_pairs, off as usize);
-        clock.mark(Phase::Wire);
-        if let Ok(sum) = res {
-            write_mean(sum, items, world);
-        }
-        clock.mark(Phase::Unfuse);
-        Ok(res.map(|_| ())?)
+        sum_pairs_into(&mut self.sparse, t, &self.fused_pairs, items, clock)
     }
 
     /// A selection unit (a global-scope top-k policy's tensors, all of them, in registration
@@ -578,15 +588,8 @@ impl Exec {
         }
         clock.mark(Phase::Encode);
         if sparse {
-            // The sum goes straight into the items (no dense accumulator to zero and copy).
-            let res = self.sparse.all_reduce_pairs_sum(t, &self.pairs, cat.len());
-            clock.mark(Phase::Wire);
-            if let Ok(sum) = res {
-                write_mean(sum, items, world);
-            }
             self.scratch = cat;
-            clock.mark(Phase::Unfuse);
-            return Ok(res.map(|_| ())?);
+            return sum_pairs_into(&mut self.sparse, t, &self.pairs, items, clock);
         }
         // The concatenation's length stays; its values become the sum's accumulator.
         cat.fill(0.0);

@@ -147,15 +147,12 @@ impl EngineSync {
         let wire_before = engine.bytes().wire_bytes;
         let order: Vec<usize> = (0..self.ranges.len()).rev().collect();
         let (names, ranges, spare) = (&self.names, &self.ranges, &mut self.spare);
-        let batch: Vec<(&str, Vec<f32>)> = order
-            .iter()
-            .map(|&i| {
-                let mut buf = std::mem::take(&mut spare[i]);
-                buf.clear();
-                buf.extend_from_slice(&grads[ranges[i].clone()]);
-                (names[i].as_str(), buf)
-            })
-            .collect();
+        let batch = order.iter().map(|&i| {
+            let mut buf = std::mem::take(&mut spare[i]);
+            buf.clear();
+            buf.extend_from_slice(&grads[ranges[i].clone()]);
+            (names[i].as_str(), buf)
+        });
         let handles = if flush {
             engine.all_reduce_batch(batch)
         } else {
