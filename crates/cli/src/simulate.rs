@@ -2,9 +2,11 @@
 //! model with a codec on P workers over a link, from the cost model of `gradwire-sim`.
 //!
 //! What is measured on this machine, every run (a few seconds):
-//! * the model's compute per step: one warm-up and [`COMPUTE_STEPS`] forward-backward passes
-//!   on a synthetic batch of `--batch` images, plus an SGD-with-momentum update over all
-//!   parameters (skipped with `--compute-ms`);
+//! * the model's compute per step as the trainer counts it: the median of at least
+//!   [`MIN_PASSES`] forward-backward passes on a synthetic batch of `--batch` images, each
+//!   with an SGD-with-momentum update over all parameters and the parameters handed back to
+//!   the model, for at least [`MIN_SECONDS`] after [`WARMUP_PASSES`] untimed ones (skipped
+//!   with `--compute-ms`);
 //! * each codec's wire bytes, encode and decode cost on that model's real gradient, one codec
 //!   per tensor as the engine builds them (sparse codecs: the pairs the sparse all-reduce
 //!   sends, 8 bytes each). DGC is measured past its warm-up.
@@ -17,10 +19,10 @@
 //! link's latency, `beta` its wire time and `gamma` [`DEFAULT_GAMMA`].
 //!
 //! `--calibrate` also runs each codec through the engine itself (two in-process ranks, no
-//! link emulation, [`ENGINE_STEPS`] steps of the model's gradient): the engine spends more
-//! than the bare encode and decode (error feedback, stripe and factor planning, PowerSGD's
-//! orthogonalization and decompression, the progress thread), so the codec costs are scaled
-//! by the measured sync time over the predicted one at two ranks (never below 1).
+//! link emulation, the median of [`ENGINE_STEPS`] steps of the model's gradient): the engine
+//! spends more than the bare encode and decode (error feedback, stripe and factor planning,
+//! PowerSGD's orthogonalization and decompression, the progress thread), so the codec costs
+//! are scaled by the measured sync time over the predicted one at two ranks (never below 1).
 //!
 //! `--host-cores N` models the P workers sharing N cores of one host (validation on this
 //! machine): compute and codec costs, measured with the whole machine, are multiplied by
@@ -45,10 +47,18 @@ use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::Serialize;
 
-/// Forward-backward passes timed for the compute per step (after one warm-up).
-pub const COMPUTE_STEPS: usize = 3;
-/// Engine steps timed per codec by `--calibrate` (after one warm-up).
-pub const ENGINE_STEPS: usize = 3;
+/// Untimed passes before any timing (first-touch page faults, allocator and cache warm-up).
+pub const WARMUP_PASSES: usize = 2;
+/// Timed passes of each measurement at least (compute steps, codec runs, engine steps).
+pub const MIN_PASSES: usize = 10;
+/// Timed passes at most, while a measurement has run shorter than [`MIN_SECONDS`].
+pub const MAX_PASSES: usize = 100;
+/// Seconds each measurement runs at least (unless it reaches [`MAX_PASSES`] first): on a
+/// shared machine single passes of a few milliseconds vary by 2x, their median over half a
+/// second does not (session 16).
+pub const MIN_SECONDS: f64 = 0.5;
+/// Engine steps timed per codec by `--calibrate` (after [`WARMUP_PASSES`]).
+pub const ENGINE_STEPS: usize = MIN_PASSES;
 /// Seconds per byte reduced when not calibrated (10 GB/s of f32 adds).
 pub const DEFAULT_GAMMA: f64 = 0.1e-9;
 
@@ -404,31 +414,48 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The gradient of one step and the median compute time per step (forward, backward, and an
-/// SGD-with-momentum update over every parameter).
+/// The median of `pass`'s timings: [`WARMUP_PASSES`] untimed, then at least [`MIN_PASSES`]
+/// timed until [`MIN_SECONDS`] have passed or [`MAX_PASSES`] have run. `pass` returns the
+/// seconds of the part it times.
+fn median_of_passes<E>(mut pass: impl FnMut() -> Result<f64, E>) -> Result<f64, E> {
+    for _ in 0..WARMUP_PASSES {
+        pass()?;
+    }
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < MIN_PASSES
+        || (times.len() < MAX_PASSES && start.elapsed().as_secs_f64() < MIN_SECONDS)
+    {
+        times.push(pass()?);
+    }
+    Ok(median(times))
+}
+
+/// The gradient of one step and the median compute time per step, as the trainer counts it:
+/// forward, backward, an SGD-with-momentum update over every parameter and handing the
+/// parameters back to the model (`set_params`). The update's rate is zero (hidden from the
+/// compiler), so the model, and the gradient returned, stay those of the initial weights.
 fn measure_compute(model: &mut dyn Model, batch: &Batch) -> Result<(Vec<f32>, f64)> {
     let mut grad = Vec::new();
-    model.forward_backward(batch, &mut grad)?;
-    let mut times = Vec::new();
-    for _ in 0..COMPUTE_STEPS {
+    let mut params = Vec::new();
+    model.params(&mut params);
+    let mut velocity = vec![0f32; params.len()];
+    let lr = std::hint::black_box(0.0f32);
+    let compute = median_of_passes::<anyhow::Error>(|| {
         let t = Instant::now();
         model.forward_backward(batch, &mut grad)?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    let n = grad.len();
-    let (mut params, mut velocity) = (vec![0f32; n], vec![0f32; n]);
-    let t = Instant::now();
-    for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
-        *v = 0.9 * *v + g;
-        *p -= 0.05 * *v;
-    }
-    std::hint::black_box(&params);
-    let update = t.elapsed().as_secs_f64();
-    Ok((grad, median(times) + update))
+        for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
+            *v = 0.9 * *v + g;
+            *p -= lr * *v;
+        }
+        model.set_params(&params);
+        Ok(t.elapsed().as_secs_f64())
+    })?;
+    Ok((grad, compute))
 }
 
 /// One codec per tensor (as the engine builds them), run on the model's gradient: wire bytes
-/// per element, encode and decode seconds per element (median of 3).
+/// per element, encode and decode seconds per element (medians, [`median_of_passes`]).
 fn measure_codec(
     config: &CodecConfig,
     infos: &[TensorInfo],
@@ -456,10 +483,10 @@ fn measure_codec(
         .collect();
     let mut payloads: Vec<Vec<u8>> = vec![Vec::new(); infos.len()];
     let mut sparse = SparseGrad::default();
-    let (mut enc, mut dec) = (Vec::new(), Vec::new());
+    let mut dec = Vec::new();
     let mut wire = 0usize;
     let mut acc = vec![0f32; grad.len()];
-    for _ in 0..3 {
+    let Ok(encode) = median_of_passes::<std::convert::Infallible>(|| {
         let mut off = 0;
         let t = Instant::now();
         for ((c, info), out) in codecs.iter_mut().zip(infos).zip(&mut payloads) {
@@ -467,7 +494,7 @@ fn measure_codec(
             c.encode(&grad[off..off + n], out);
             off += n;
         }
-        enc.push(t.elapsed().as_secs_f64());
+        let encode = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut off = 0;
         for ((c, info), out) in codecs.iter().zip(infos).zip(&payloads) {
@@ -478,7 +505,10 @@ fn measure_codec(
             off += n;
         }
         dec.push(t.elapsed().as_secs_f64());
-    }
+        Ok(encode)
+    });
+    // The decodes of the same timed passes.
+    let decode = median(dec.split_off(WARMUP_PASSES));
     if strategy == Strategy::Sparse {
         let mut off = 0;
         for (c, info) in codecs.iter_mut().zip(infos) {
@@ -498,8 +528,8 @@ fn measure_codec(
     CodecProfile {
         spec: config.to_string(),
         strategy,
-        encode_s_per_elem: median(enc) / n,
-        decode_s_per_elem: median(dec) / n,
+        encode_s_per_elem: encode / n,
+        decode_s_per_elem: decode / n,
         wire_bytes_per_elem: wire as f64 / n,
     }
 }
@@ -571,7 +601,8 @@ fn engine_step_time(
                 // Past any warm-up (DGC's sparsity schedule), as measure_codec.
                 engine.set_progress(1_000_000, 1_000.0);
                 let mut times = Vec::new();
-                for i in 0..=ENGINE_STEPS {
+                // A fixed count, the same on both ranks (each step is a collective).
+                for i in 0..WARMUP_PASSES + ENGINE_STEPS {
                     let t0 = Instant::now();
                     let mut off = 0;
                     let handles: Vec<_> = specs
@@ -586,7 +617,7 @@ fn engine_step_time(
                     for h in handles {
                         h.wait()?;
                     }
-                    if i > 0 {
+                    if i >= WARMUP_PASSES {
                         times.push(t0.elapsed().as_secs_f64());
                     }
                 }
