@@ -21,6 +21,7 @@ mod report;
 mod report_render;
 mod report_tta;
 mod simulate;
+mod simulate_host;
 mod size;
 mod train;
 mod train_ps;

@@ -25,9 +25,10 @@
 //! are scaled by the measured sync time over the predicted one at two ranks (never below 1).
 //!
 //! `--host-cores N` models the P workers sharing N cores of one host (validation on this
-//! machine): compute and codec costs, measured with the whole machine, are multiplied by
-//! `max(1, P / N)` (a `--compute-ms` is taken as given). Efficiency stays relative to one
-//! worker with the machine to itself.
+//! machine): the compute is measured with P model copies passing at once, the step waiting
+//! for the slowest ([`crate::simulate_host`]; a `--compute-ms` is taken as given), and the
+//! codec costs, measured with the whole machine, are multiplied by `max(1, P / N)`.
+//! Efficiency stays relative to one worker with the machine to itself.
 //!
 //! JSON (`--json FILE`): `{"results":[{"workers":64,"link":"10gbit","codec":"dgc:ratio=0.001",
 //! "step_s":0.21,"speedup":2.4,"efficiency":0.83}],"inputs":{...},"provenance":{...}}`;
@@ -97,8 +98,10 @@ pub struct SimulateArgs {
     /// bandwidth on this machine.
     #[arg(long)]
     pub calibrate: bool,
-    /// The workers share this many cores of one host: compute and codec costs are multiplied
-    /// by max(1, workers / cores) (for validation on one machine; default: a host each).
+    /// The workers share this many cores of one host (validation on one machine; default: a
+    /// host each): their compute is measured with that many model copies passing at once,
+    /// the step waiting for the slowest (at most 64), and codec costs are multiplied by
+    /// max(1, workers / cores).
     #[arg(long)]
     pub host_cores: Option<usize>,
     /// Seed of the model, the batch and the stochastic codecs.
@@ -148,6 +151,9 @@ pub struct Inputs {
     /// Per codec, the factor the engine measurement applied to its codec costs (already in
     /// `codecs`).
     pub engine_factors: Vec<(String, f64)>,
+    /// With `--host-cores`: per worker count, the compute of that many ranks measured
+    /// together on this host (the prediction uses `slowest_s`).
+    pub host_compute: Vec<crate::simulate_host::Lockstep>,
 }
 
 /// The JSON report.
@@ -287,6 +293,22 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     if args.host_cores == Some(0) {
         bail!("--host-cores must be at least 1");
     }
+    // Ranks sharing this host: their compute measured together, per worker count.
+    let mut host_compute = Vec::new();
+    if args.host_cores.is_some() && args.compute_ms.is_none() {
+        for &workers in &args.workers {
+            let l = crate::simulate_host::lockstep_compute(
+                args.model, data, args.seed, &batch, workers,
+            )?;
+            eprintln!(
+                "measured: {workers} ranks computing at once on this host: {:.1} ms per pass, \
+                 the slowest of each pass {:.1} ms",
+                l.mean_s * 1e3,
+                l.slowest_s * 1e3
+            );
+            host_compute.push(l);
+        }
+    }
     let mut results = Vec::new();
     let mut rows = Vec::new();
     for (spec, net) in &networks {
@@ -300,14 +322,14 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             let share = args
                 .host_cores
                 .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
-            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores).
-            let compute_share = if args.compute_ms.is_some() {
-                1.0
-            } else {
-                share
-            };
+            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores);
+            // with --host-cores the compute is the slowest of the ranks measured together.
+            let compute_s = host_compute
+                .iter()
+                .find(|l| l.workers == workers)
+                .map_or(profile.compute_s, |l| l.slowest_s);
             let shared_model = ModelProfile {
-                compute_s: profile.compute_s * compute_share,
+                compute_s,
                 ..profile.clone()
             };
             for c in &codec_profiles {
@@ -344,6 +366,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             fusion_bytes: args.fusion_bytes,
             host_cores: args.host_cores,
             engine_factors,
+            host_compute,
         },
         provenance: crate::records::Provenance::current(),
     };
@@ -391,7 +414,7 @@ fn print_table(
 }
 
 /// A deterministic batch of `n` images of `shape` with 10 classes.
-fn synthetic_batch(n: usize, shape: [usize; 3], seed: u64) -> Batch {
+pub(crate) fn synthetic_batch(n: usize, shape: [usize; 3], seed: u64) -> Batch {
     let px = shape.iter().product::<usize>() * n;
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
