@@ -20,7 +20,7 @@ use gradwire_train::ModelKind;
 use crate::simulate::WARMUP_PASSES;
 
 /// Lockstep passes timed per rank (after [`WARMUP_PASSES`]).
-pub const LOCKSTEP_PASSES: usize = 20;
+pub const LOCKSTEP_PASSES: usize = 40;
 /// The most ranks measured sharing one host (each holds a model copy; beyond this the
 /// measurement would take minutes and gigabytes).
 pub const MAX_SHARED_WORKERS: usize = 64;
