@@ -2,11 +2,14 @@
 //! measured rather than scaled: P copies of the model run their training passes at once, in
 //! lockstep as data-parallel ranks do, and a step's compute is the slowest rank's pass.
 //!
-//! Why measured: a synchronous step waits for the last rank's gradient. On a shared host the
-//! ranks' passes are time-sliced and finish at different moments, so the step's compute is
-//! the expected maximum of P pass times, not their mean scaled by `P / cores` (session 16: at
-//! 8 ranks on 2 cores the slowest pass is the mean plus a skew of tens of percent, which the
-//! scaled mean missed in every CPU-bound cell of the validation). Each pass is what the
+//! Why measured: a synchronous step waits for the last rank's gradient, and ranks that share
+//! cores contend for more than the cores (memory, caches). In session 16's validation, 8 ranks
+//! on 2 cores passed in 44-58 ms each, the slowest of each pass 49-65 ms, against 32 ms for one
+//! process's 8 ms scaled by `P / cores`; the scaled figure under-predicted every DGC and
+//! 1-bit SGD cell over 1 Gbit/s by 16-39%, the lockstep one came within 5% at 4 and 8 ranks
+//! there. It over-predicts
+//! where a run's ranks do not pass in exact lockstep (2 ranks; 8 ranks over 100 Mbit/s, where
+//! one rank's wire hides behind the others' compute): `docs/simulate.md`. Each pass is what the
 //! trainer counts as compute (forward, backward, an SGD-with-momentum update over every
 //! parameter, the parameters handed back to the model); every rank has its own model copy.
 
