@@ -32,6 +32,12 @@
 //! validation perplexity 5.56 in paper mode and 5.51 with momentum correction against dense's
 //! 5.28 (+5.2% / +4.3%; over 1,200 steps it was +7.8%).
 //!
+//! Named option, off by default (`warmup_epochs=0`, as in the paper): `warmup_epochs=W`
+//! borrows DGC's warm-up (Lin et al. 2018, section 3.4, the same schedule as
+//! [`crate::DgcConfig::ratio_at`]): during epoch `e < W` (`e = floor(epoch)` from
+//! [`Codec::set_progress`]) the kept fraction is `max(ratio, 0.25^(e+1))`, so 25%, 6.25%,
+//! 1.5625%, then `ratio`. Aji & Heafield drop 99% from the first step.
+//!
 //! Wire layout (the shared sparse payload, little-endian):
 //! ```text
 //! 0..12   Header (codec id 6 = topk, element count n)
@@ -89,6 +95,8 @@ pub struct TopKConfig {
     pub values: ValueFormat,
     /// Keep a residual of what was not sent (default true).
     pub ef: bool,
+    /// Epochs of DGC's sparsity warm-up (default 0: none, as in the paper).
+    pub warmup_epochs: usize,
 }
 
 impl Default for TopKConfig {
@@ -99,12 +107,13 @@ impl Default for TopKConfig {
             scope: TopKScope::Global,
             values: ValueFormat::Fp32,
             ef: true,
+            warmup_epochs: 0,
         }
     }
 }
 
 impl TopKConfig {
-    /// Reads `ratio`, `select`, `scope`, `values`, `ef`.
+    /// Reads `ratio`, `select`, `scope`, `values`, `ef`, `warmup_epochs`.
     pub fn parse(p: &mut Params) -> Result<Self, ConfigError> {
         let ratio = p.f64_in("ratio", Some(0.01), 1e-9, 1.0)?;
         let select = match p.choice("select", "sampled", &["sampled", "exact"])? {
@@ -117,12 +126,14 @@ impl TopKConfig {
         };
         let values = ValueFormat::from_name(p.choice("values", "fp32", &["fp32", "fp16"])?);
         let ef = p.bool("ef", true)?;
+        let warmup_epochs = p.usize_in("warmup_epochs", Some(0), 0, 1000)?;
         Ok(TopKConfig {
             ratio,
             select,
             scope,
             values,
             ef,
+            warmup_epochs,
         })
     }
 
@@ -134,6 +145,20 @@ impl TopKConfig {
     /// The runtime codec.
     pub fn build(&self, ctx: &BuildContext) -> Box<dyn Codec> {
         Box::new(TopK::new(self.clone(), ctx))
+    }
+
+    /// The kept fraction at `epoch` (`ratio`, or the warm-up's while it lasts).
+    pub fn ratio_at(&self, epoch: f32) -> f64 {
+        let e = if epoch.is_finite() && epoch > 0.0 {
+            epoch.floor() as usize
+        } else {
+            0
+        };
+        if e < self.warmup_epochs {
+            0.25f64.powi(e.min(60) as i32 + 1).max(self.ratio)
+        } else {
+            self.ratio
+        }
     }
 }
 
@@ -153,7 +178,13 @@ impl fmt::Display for TopKConfig {
             },
             self.values.name(),
             self.ef
-        )
+        )?;
+        // Written only when set, so that the paper's spec (and its run directories) stay
+        // as they were before the option existed.
+        if self.warmup_epochs > 0 {
+            write!(f, ",warmup_epochs={}", self.warmup_epochs)?;
+        }
+        Ok(())
     }
 }
 
@@ -168,13 +199,14 @@ pub struct TopK {
     cand: Vec<u32>,
     scratch: Vec<u32>,
     sel: SparseGrad,
+    /// The kept fraction this epoch (`cfg.ratio` after any warm-up).
+    ratio: f64,
 }
 
 impl TopK {
     /// A top-k codec for `ctx` (its layout sets the tensors of `scope=tensor`).
     pub fn new(cfg: TopKConfig, ctx: &BuildContext) -> Self {
         TopK {
-            cfg,
             layout: ctx.layout.clone(),
             rng: StepRng::new(ctx.seed, ctx.rank),
             residual: Vec::new(),
@@ -182,6 +214,8 @@ impl TopK {
             cand: Vec::new(),
             scratch: Vec::new(),
             sel: SparseGrad::default(),
+            ratio: cfg.ratio_at(0.0),
+            cfg,
         }
     }
 
@@ -200,6 +234,7 @@ impl TopK {
         out.clear();
         let TopK {
             cfg,
+            ratio,
             layout,
             rng,
             residual,
@@ -218,7 +253,7 @@ impl TopK {
         };
         let vf = cfg.values;
         for seg in segs {
-            let k = k_for(cfg.ratio, seg.len());
+            let k = k_for(*ratio, seg.len());
             let base = seg.start as u32;
             let g = &grad[seg.clone()];
             cand.clear();
@@ -288,6 +323,7 @@ impl Codec for TopK {
 
     fn set_progress(&mut self, progress: Progress) {
         self.rng.set_step(progress.step);
+        self.ratio = self.cfg.ratio_at(progress.epoch);
     }
 
     fn caps(&self) -> Caps {
@@ -521,5 +557,38 @@ mod tests {
         assert_eq!(TopKConfig::parse(&mut p).unwrap(), c.cfg);
         let mut p = Params::parse("topk:ratio=0").unwrap();
         assert!(TopKConfig::parse(&mut p).is_err());
+        // The warm-up shows only when set, and round-trips.
+        let c = codec("topk:warmup_epochs=3", vec![]);
+        let s = c.cfg.spec_params();
+        assert_eq!(
+            s,
+            "ratio=0.01,select=sampled,scope=global,values=fp32,ef=true,warmup_epochs=3"
+        );
+        let mut p = Params::parse(&format!("topk:{s}")).unwrap();
+        assert_eq!(TopKConfig::parse(&mut p).unwrap(), c.cfg);
+    }
+
+    #[test]
+    fn warmup_sends_dgc_sparsities_then_the_ratio() {
+        // DGC's schedule (Lin et al. 2018, section 3.4), written out: 25%, 6.25%, 1.5625%,
+        // then the ratio; with no warm-up the ratio from the first step.
+        let n = 4096;
+        let g = grad(n, 11);
+        for (spec, want) in [
+            ("topk:ratio=0.01,warmup_epochs=3", [1024, 256, 64, 41, 41]),
+            ("topk:ratio=0.01", [41, 41, 41, 41, 41]),
+            ("topk:ratio=0.1,warmup_epochs=4", [1024, 410, 410, 410, 410]),
+        ] {
+            let mut c = codec(spec, vec![]);
+            for (epoch, &k) in want.iter().enumerate() {
+                c.set_progress(Progress {
+                    step: epoch as u64 * 10,
+                    epoch: epoch as f32 + 0.5,
+                });
+                let mut out = SparseGrad::default();
+                c.encode_sparse(&g, &mut out);
+                assert_eq!(out.indices.len(), k, "{spec}, epoch {epoch}");
+            }
+        }
     }
 }
