@@ -45,6 +45,19 @@ pub enum MomentumMode {
     Off,
 }
 
+/// Where gradient-norm clipping happens (`--clip-scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClipScope {
+    /// The optimizer clips the aggregated gradient at `C` (a single machine's clip), except
+    /// for DGC, which clips each worker's gradient as its paper does.
+    #[default]
+    Global,
+    /// Every codec clips as DGC does (section 3.3): each worker clips its own gradient at
+    /// `C / sqrt(N)` before the sync and its error feedback, and the optimizer does not clip.
+    Local,
+}
+
 /// Arguments of `gradwire train` (each may also come from `--config FILE.toml`, same keys).
 /// Values are parsed here, at the edge: a bad one is refused with the allowed values.
 #[derive(Args, Debug, Clone, Default)]
@@ -115,6 +128,14 @@ pub struct TrainArgs {
     /// step, losing the accumulation (the char-LSTM report measured +71% perplexity).
     #[arg(long)]
     pub allow_dgc_adaptive: bool,
+    /// Where the optimizer's `clip=C` applies. `global` (the default): to the aggregated
+    /// gradient, as on one machine, except for DGC, whose paper clips each worker's gradient
+    /// at C/sqrt(N) before accumulation. `local`: that for every codec (and dense), so error
+    /// feedback keeps what a clip of the aggregate would cut: a sparsifier's aggregate
+    /// carries residuals of many steps, and clipping it loses them. Needs `clip=C` in the
+    /// optimizer.
+    #[arg(long, value_enum)]
+    pub clip_scope: Option<ClipScope>,
     /// Epochs to train [default: 1].
     #[arg(long)]
     pub epochs: Option<usize>,
@@ -191,6 +212,7 @@ struct TrainFile {
     link: Option<String>,
     momentum_correction: Option<MomentumMode>,
     allow_dgc_adaptive: Option<bool>,
+    clip_scope: Option<ClipScope>,
     epochs: Option<usize>,
     lr: Option<f64>,
     optimizer: Option<String>,
@@ -489,6 +511,19 @@ impl TrainArgs {
             momentum_correction = optimizer.sgd_momentum();
             optimizer = optimizer.momentum_corrected(None);
         }
+        let clip_scope = self.clip_scope.or(file.clip_scope).unwrap_or_default();
+        let local_clip = match clip_scope {
+            ClipScope::Global => None,
+            // DGC's codec took the clip above (its own local clipping).
+            ClipScope::Local if codec.id() == CodecId::Dgc => None,
+            ClipScope::Local => match optimizer.clip_norm.take() {
+                Some(c) => Some(c),
+                None => bail!(
+                    "--clip-scope local moves the optimizer's clip=C to each worker, and \
+                     {optimizer} has no clip: add clip=C to --optimizer"
+                ),
+            },
+        };
         optimizer.validate()?;
         let local = host.launched.map_or(workers, |(_, local)| local);
         let threads = self
@@ -503,6 +538,7 @@ impl TrainArgs {
             max_steps_per_epoch: self.max_steps.or(file.max_steps),
             eval_limit: self.eval_limit.or(file.eval_limit),
             overlap_steps: self.overlap_steps.map_or(0, usize::from),
+            local_clip,
             ..TrainConfig::default()
         };
         let out = self.out.clone().or(file.out).unwrap_or_else(|| {
@@ -1201,6 +1237,63 @@ mod tests {
             p.codec.to_string().contains("clip=0"),
             "no clip without one to scale"
         );
+    }
+
+    #[test]
+    fn clip_scope_local_moves_the_optimizer_clip_to_each_worker() {
+        let sgd = "sgd:lr=1,momentum=0.9,clip=5";
+        for codec in ["topk", "none", "qsgd"] {
+            let p = args(&["--codec", codec, "--optimizer", sgd])
+                .unwrap()
+                .merge(TrainFile::default(), "", ALONE)
+                .unwrap();
+            assert_eq!(p.train.optimizer.clip_norm, Some(5.0), "{codec}: global");
+            assert_eq!(p.train.local_clip, None, "{codec}: global");
+            let p = args(&[
+                "--codec",
+                codec,
+                "--optimizer",
+                sgd,
+                "--clip-scope",
+                "local",
+            ])
+            .unwrap()
+            .merge(TrainFile::default(), "", ALONE)
+            .unwrap();
+            assert_eq!(p.train.optimizer.clip_norm, None, "{codec}: local");
+            assert_eq!(p.train.local_clip, Some(5.0), "{codec}: local");
+        }
+        // DGC clips in its codec either way; nothing is clipped twice.
+        let p = args(&[
+            "--codec",
+            "dgc",
+            "--optimizer",
+            sgd,
+            "--clip-scope",
+            "local",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap();
+        assert_eq!(
+            (p.train.optimizer.clip_norm, p.train.local_clip),
+            (None, None)
+        );
+        assert!(p.codec.to_string().contains("clip=5"), "{}", p.codec);
+        // Nothing to move: refused, naming the fix.
+        let e = args(&[
+            "--codec",
+            "topk",
+            "--optimizer",
+            "sgd:lr=1",
+            "--clip-scope",
+            "local",
+        ])
+        .unwrap()
+        .merge(TrainFile::default(), "", ALONE)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("clip=C"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! buffering (CNTK's 1-bit SGD): the gradient of step `t` is averaged during step `t+1`'s
 //! forward/backward and applied after it, so each gradient is computed on parameters one
 //! update behind (not synchronous SGD).
+//!
+//! Named option, off by default: [`TrainConfig::local_clip`] clips each rank's own gradient
+//! at `C / sqrt(N)` before it is synchronized (DGC's local gradient clipping, Lin et al.
+//! 2018 section 3.3), instead of the optimizer clipping the aggregated gradient at `C`. With
+//! a sparsifying codec the aggregate holds residuals accumulated over many steps, so a
+//! global clip cuts what error feedback saved, and what it cuts is lost for good.
 
 use std::time::Instant;
 
@@ -66,6 +72,12 @@ pub struct TrainConfig {
     /// momentum=0.9` stops learning with it, while `lr=0.02` (or no momentum) learns.
     #[serde(default)]
     pub overlap_steps: usize,
+    /// Local gradient clipping (DGC section 3.3), `None` (default) off: each rank scales its
+    /// own gradient by `(C / sqrt(N)) / ||g||` when `||g|| > C / sqrt(N)` (`N` ranks) before
+    /// the sync, so the codec and its error feedback see the clipped gradient. Meant to
+    /// replace the optimizer's `clip=C` (which clips the aggregate), not to add to it.
+    #[serde(default)]
+    pub local_clip: Option<f64>,
 }
 
 impl Default for TrainConfig {
@@ -80,6 +92,7 @@ impl Default for TrainConfig {
             eval_batch_size: 500,
             eval_limit: None,
             overlap_steps: 0,
+            local_clip: None,
         }
     }
 }
@@ -163,6 +176,13 @@ impl<S: GradientSync> Trainer<S> {
                 "overlap_steps {} is not supported (0: synchronous, 1: one-step-stale)",
                 config.overlap_steps
             )));
+        }
+        if let Some(c) = config.local_clip {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::Config(format!(
+                    "local clip norm {c} must be positive and finite"
+                )));
+            }
         }
         let mut params = Vec::new();
         model.params(&mut params);
@@ -257,6 +277,9 @@ impl<S: GradientSync> Trainer<S> {
                     step,
                     loss,
                 });
+            }
+            if let Some(c) = self.config.local_clip {
+                clip_local(&mut self.grads, c, world);
             }
             if let Some([start, fwd, bwd]) = self.model.last_pass_times() {
                 self.sync.record_phase(Phase::Forward, start, fwd);
@@ -444,4 +467,43 @@ pub fn evaluate(
         total.merge(&model.evaluate(&split.batch(chunk))?);
     }
     Ok(total)
+}
+
+/// Local gradient clipping (DGC section 3.3): scales `grads` so that its L2 norm is at most
+/// `clip / sqrt(world)`; leaves it as it is when already within.
+fn clip_local(grads: &mut [f32], clip: f64, world: usize) {
+    let max = clip / (world.max(1) as f64).sqrt();
+    let norm = grads
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt();
+    if norm > max {
+        let s = (max / norm) as f32;
+        grads.iter_mut().for_each(|g| *g *= s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip_local;
+
+    #[test]
+    fn local_clip_scales_to_clip_over_sqrt_world() {
+        // ||(3, 4)|| = 5; clip 4 over 4 ranks allows 4 / 2 = 2: the result is (1.2, 1.6).
+        let mut g = [3.0f32, 4.0];
+        clip_local(&mut g, 4.0, 4);
+        assert!(
+            (g[0] - 1.2).abs() < 1e-6 && (g[1] - 1.6).abs() < 1e-6,
+            "{g:?}"
+        );
+        // Within the bound: untouched, bit for bit.
+        let mut g = [0.3f32, -0.4];
+        clip_local(&mut g, 1.0, 1);
+        assert_eq!(g, [0.3, -0.4]);
+        // One rank: the bound is the clip itself.
+        let mut g = [0.0f32, 10.0];
+        clip_local(&mut g, 5.0, 1);
+        assert!((g[1] - 5.0).abs() < 1e-6, "{g:?}");
+    }
 }
