@@ -29,7 +29,9 @@ pub struct ReportArgs {
     /// paper defaults (Dryden: pi = 1/64, per column); `auto` is train's `--codec auto`
     /// (a codec per tensor from the cost model; no `mc` row).
     /// Specs with parameters may be listed too: `topk:ratio=0.001,qsgd:bits=2,bucket=128,dgc`
-    /// (a `key=value` piece belongs to the codec before it).
+    /// (a `key=value` piece belongs to the codec before it). `SPEC+mc` runs only SPEC's
+    /// `mc` row, whatever `--variants` says (e.g. `--codecs none,topk,topk:warmup_epochs=4+mc
+    /// --variants paper`).
     #[arg(
         long,
         default_value = "none,fp16,onebit,threshold,adaptive,topk,qsgd,terngrad,dgc"
@@ -148,8 +150,17 @@ fn plan_link(
     let mut jobs = Vec::new();
     for &seed in &seeds {
         for name in codecs {
+            // `SPEC+mc` runs only the momentum-corrected row of SPEC, whatever `variants` says.
+            let (name, only) = match name.strip_suffix(MC_ONLY) {
+                Some(n) => (n, Some(Variant::Mc)),
+                None => (name.as_str(), None),
+            };
             let family = name.split(':').next().unwrap_or_default();
-            for &variant in variants {
+            let rows: &[Variant] = match &only {
+                Some(v) => std::slice::from_ref(v),
+                None => variants,
+            };
+            for &variant in rows {
                 if variant == Variant::Mc && matches!(family, "none" | "dgc" | "auto") {
                     continue;
                 }
@@ -162,7 +173,7 @@ fn plan_link(
                     None => dir,
                 };
                 jobs.push(Job {
-                    spec: name.clone(),
+                    spec: name.to_string(),
                     variant,
                     seed,
                     link: link.clone(),
@@ -173,6 +184,9 @@ fn plan_link(
     }
     jobs
 }
+
+/// The suffix of a `--codecs` entry that runs only its momentum-corrected row.
+const MC_ONLY: &str = "+mc";
 
 /// The spec a bare codec name stands for in a report.
 pub fn preset(name: &str) -> String {
@@ -197,13 +211,21 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     let parsed = codecs
         .iter()
         .map(|name| {
+            // `SPEC+mc`: only that codec's momentum-corrected row (kept through parsing).
+            let (name, suffix) = match name.strip_suffix(MC_ONLY) {
+                Some(n) => (n, MC_ONLY),
+                None => (name.as_str(), ""),
+            };
             let spec = preset(name);
             if spec.eq_ignore_ascii_case("auto") {
+                if !suffix.is_empty() {
+                    bail!("codec '{name}{suffix}': auto has no momentum-corrected row");
+                }
                 // train's --codec auto: a codec per tensor, chosen by the cost model.
                 return Ok("auto".to_string());
             }
             spec.parse::<gradwire_codec::CodecConfig>()
-                .map(|c| c.to_string())
+                .map(|c| format!("{c}{suffix}"))
                 .with_context(|| format!("codec '{spec}'"))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -512,6 +534,32 @@ mod tests {
         );
         assert_eq!(auto.len(), 1);
         assert_eq!(auto[0].spec, "auto");
+        // `SPEC+mc`: only the momentum-corrected row of SPEC, whatever the variants; the
+        // other codecs keep theirs.
+        let mc_only = format!("{qsgd}+mc", qsgd = codecs[2]);
+        let rows = plan_jobs(
+            &[codecs[0].clone(), codecs[2].clone(), mc_only],
+            &[Variant::Paper],
+            &[],
+            &[],
+            out,
+        );
+        let got: Vec<(&str, Variant, &std::path::Path)> = rows
+            .iter()
+            .map(|j| (j.spec.as_str(), j.variant, j.dir.as_path()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("none", Variant::Paper, out.join("none").as_path()),
+                (
+                    codecs[2].as_str(),
+                    Variant::Paper,
+                    out.join(sanitize(&codecs[2])).as_path()
+                ),
+                (codecs[2].as_str(), Variant::Mc, qsgd_mc.as_path()),
+            ]
+        );
         // With links: the whole matrix once per link, each in its own directory; `none`
         // runs without emulation.
         let links = ["100mbit".to_string(), "none".to_string()];
