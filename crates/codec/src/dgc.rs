@@ -120,16 +120,23 @@ impl DgcConfig {
 
     /// The kept fraction at `epoch` (warm-up schedule).
     pub fn ratio_at(&self, epoch: f32) -> f64 {
-        let e = if epoch.is_finite() && epoch > 0.0 {
-            epoch.floor() as usize
-        } else {
-            0
-        };
-        if e < self.warmup_epochs {
-            0.25f64.powi(e.min(60) as i32 + 1).max(self.ratio)
-        } else {
-            self.ratio
-        }
+        warmup_ratio(self.ratio, self.warmup_epochs, epoch)
+    }
+}
+
+/// DGC's sparsity warm-up (section 3.4): during epoch `e < warmup_epochs` (`e =
+/// floor(epoch)`) the kept fraction is `max(ratio, 0.25^(e+1))`, then `ratio`. Shared with
+/// top-k's `warmup_epochs` option.
+pub(crate) fn warmup_ratio(ratio: f64, warmup_epochs: usize, epoch: f32) -> f64 {
+    let e = if epoch.is_finite() && epoch > 0.0 {
+        epoch.floor() as usize
+    } else {
+        0
+    };
+    if e < warmup_epochs {
+        0.25f64.powi(e.min(60) as i32 + 1).max(ratio)
+    } else {
+        ratio
     }
 }
 

@@ -149,16 +149,7 @@ impl TopKConfig {
 
     /// The kept fraction at `epoch` (`ratio`, or the warm-up's while it lasts).
     pub fn ratio_at(&self, epoch: f32) -> f64 {
-        let e = if epoch.is_finite() && epoch > 0.0 {
-            epoch.floor() as usize
-        } else {
-            0
-        };
-        if e < self.warmup_epochs {
-            0.25f64.powi(e.min(60) as i32 + 1).max(self.ratio)
-        } else {
-            self.ratio
-        }
+        crate::dgc::warmup_ratio(self.ratio, self.warmup_epochs, epoch)
     }
 }
 

@@ -473,11 +473,7 @@ pub fn evaluate(
 /// `clip / sqrt(world)`; leaves it as it is when already within.
 fn clip_local(grads: &mut [f32], clip: f64, world: usize) {
     let max = clip / (world.max(1) as f64).sqrt();
-    let norm = grads
-        .iter()
-        .map(|&g| f64::from(g) * f64::from(g))
-        .sum::<f64>()
-        .sqrt();
+    let norm = crate::optim::l2_norm(grads);
     if norm > max {
         let s = (max / norm) as f32;
         grads.iter_mut().for_each(|g| *g *= s);

@@ -4,6 +4,7 @@
 
 mod config;
 mod optimizer;
+pub(crate) use optimizer::l2_norm;
 mod schedule;
 
 pub use config::{LrDecay, OptimizerConfig, OptimizerKind};

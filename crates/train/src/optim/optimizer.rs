@@ -135,11 +135,7 @@ impl Optimizer {
         let lr = self.current_lr();
         let scale = match self.config.clip_norm {
             Some(max) => {
-                let norm = grads
-                    .iter()
-                    .map(|&g| f64::from(g) * f64::from(g))
-                    .sum::<f64>()
-                    .sqrt();
+                let norm = l2_norm(grads);
                 if norm > max {
                     (max / (norm + 1e-6)) as f32
                 } else {
@@ -293,6 +289,16 @@ impl Optimizer {
             }
         }
     }
+}
+
+/// The L2 norm of `grads`, accumulated in f64 (gradient clipping's measure, here and in the
+/// trainer's local clipping).
+pub(crate) fn l2_norm(grads: &[f32]) -> f64 {
+    grads
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt()
 }
 
 #[cfg(test)]
