@@ -6,7 +6,8 @@ steps; the second epoch is measured, so start-up and the first step's set-up are
 two predictions from `gradwire simulate --calibrate --host-cores CORES`:
   A: everything measured by simulate itself (the P ranks' compute measured with P model
      copies passing at once on this machine, codec costs scaled by max(1, P / CORES) since
-     the P ranks share the cores);
+     the P ranks share the cores, and with P > CORES the wire that hides behind the other
+     ranks' CPU work taken off: crates/sim/src/predict.rs);
   B: the same, but with the run's own compute per step (--compute-ms, the ranks' mean,
      without the wait for the slowest), so the communication and codec model is tested alone.
 All of it --repeats times, the whole sweep once per repeat (so a slow spell of the machine

@@ -100,8 +100,9 @@ pub struct SimulateArgs {
     pub calibrate: bool,
     /// The workers share this many cores of one host (validation on one machine; default: a
     /// host each): their compute is measured with that many model copies passing at once,
-    /// the step waiting for the slowest (at most 64), and codec costs are multiplied by
-    /// max(1, workers / cores).
+    /// the step waiting for the slowest (at most 64), codec costs are multiplied by
+    /// max(1, workers / cores), and with more workers than cores the communication that fits
+    /// while the other ranks still compute is hidden (`gradwire_sim::predict`'s module doc).
     #[arg(long)]
     pub host_cores: Option<usize>,
     /// Seed of the model, the batch and the stochastic codecs.
@@ -254,6 +255,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                 network: local,
                 overlap: 0.0,
                 fusion_bytes: args.fusion_bytes,
+                host_cores: None,
             };
             let no_compute = ModelProfile {
                 compute_s: 0.0,
@@ -318,6 +320,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                 network: *net,
                 overlap: args.overlap,
                 fusion_bytes: args.fusion_bytes,
+                host_cores: args.host_cores,
             };
             let share = args
                 .host_cores

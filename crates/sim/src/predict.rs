@@ -21,6 +21,17 @@
 //! overlap is near 0 (the default); a framework that starts all-reducing during backward
 //! (Horovod, PyTorch DDP) gets closer to 1.
 //!
+//! Ranks sharing a host (`Scenario::host_cores`, validation on one machine): when `P` ranks
+//! share `N < P` cores, the cores run `N` ranks at a time, so the ranks finish their CPU work
+//! (compute and codec, `H` for the slowest) spread over the step, the first after about
+//! `H N / P`, the last after `H`. A rank that has finished puts its bytes on its link while
+//! the others still hold the cores: with finish times spread evenly over `[H N / P, H]`, a
+//! rank's link runs on average `H (1 - N/P) / 2` before the last rank is done. That much of
+//! the communication hides behind other ranks' CPU work, at most what is left of it:
+//! `hidden += min(comm - hidden, H (1 - N/P) / 2)`. With a core per rank (`N >= P`, or
+//! `None`) the term is 0. The even spread is an assumption (the operating system's scheduler
+//! decides the order); docs/simulate.md compares it with measured steps.
+//!
 //! Scaling efficiency is weak scaling (fixed batch per worker, as Horovod reports it): the
 //! one-worker step time without any communication over the `P`-worker step time.
 //! Speedup is the dense step time over the codec's step time at the same `P` and link.
@@ -105,6 +116,9 @@ pub struct Scenario {
     pub overlap: f64,
     /// The engine's fusion buffer size in raw f32 bytes (tensors packed up to this).
     pub fusion_bytes: usize,
+    /// The workers share this many cores of one host (`None`: a host, or at least a core,
+    /// each); adds the shared-host overlap of the module doc when fewer than `workers`.
+    pub host_cores: Option<usize>,
 }
 
 /// One step's time, split.
@@ -116,7 +130,8 @@ pub struct StepBreakdown {
     pub codec_s: f64,
     /// Communication, including the reduction arithmetic.
     pub comm_s: f64,
-    /// Communication hidden behind compute.
+    /// Communication hidden behind compute (`overlap`), plus, on a shared host, behind the
+    /// other ranks' CPU work.
     pub hidden_s: f64,
     /// `compute + codec + comm - hidden`.
     pub step_s: f64,
@@ -250,7 +265,16 @@ pub fn step(
         ),
         s @ (Strategy::Auto | Strategy::Quantized) => return Err(Error::Strategy(s)),
     };
-    let hidden = overlap * comm_s.min(compute);
+    let mut hidden = overlap * comm_s.min(compute);
+    if let Some(cores) = scenario.host_cores {
+        if cores == 0 {
+            return Err(Error::NoCores);
+        }
+        if cores < p {
+            let slack = (compute + codec_s) * (1.0 - cores as f64 / pf) / 2.0;
+            hidden += (comm_s - hidden).min(slack);
+        }
+    }
     Ok(StepBreakdown {
         compute_s: compute,
         codec_s,

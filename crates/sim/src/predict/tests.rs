@@ -28,6 +28,7 @@ fn scenario(workers: usize) -> Scenario {
         network: gbit(),
         overlap: 0.0,
         fusion_bytes: 4 << 20,
+        host_cores: None,
     }
 }
 
@@ -137,6 +138,64 @@ fn overlap_hides_at_most_the_compute() {
     let s = step(&model(), &CodecProfile::dense(), &slow).unwrap();
     close(s.hidden_s, 0.1);
     close(s.step_s, s.comm_s);
+}
+
+#[test]
+fn shared_host_hides_communication_behind_the_other_ranks_cpu() {
+    let alone = step(&model(), &CodecProfile::dense(), &scenario(8)).unwrap();
+    let shared = Scenario {
+        host_cores: Some(2),
+        ..scenario(8)
+    };
+    let s = step(&model(), &CodecProfile::dense(), &shared).unwrap();
+    // 8 ranks on 2 cores: they finish 0.1 s of CPU between 0.025 and 0.1 s, on average
+    // (0.1 - 0.025) / 2 = 0.0375 s before the last; dense's ~62 ms of comm is longer.
+    assert!(alone.comm_s > 0.0375, "{}", alone.comm_s);
+    close(s.comm_s, alone.comm_s);
+    close(s.hidden_s, 0.0375);
+    close(s.step_s, 0.1 + alone.comm_s - 0.0375);
+    // With a codec, its time counts as CPU work too: 1M + 1k elements at 3 ns each.
+    let c = codec(Strategy::Sparse, 0.08);
+    let s = step(&model(), &c, &shared).unwrap();
+    let cpu: f64 = 0.1 + 3e-9 * 1_001_000.0;
+    close(s.hidden_s, (cpu * 0.375).min(s.comm_s));
+    // Never more than the communication: with 10 s of compute all of it hides.
+    let slow = ModelProfile {
+        compute_s: 10.0,
+        ..model()
+    };
+    let s = step(&slow, &CodecProfile::dense(), &shared).unwrap();
+    close(s.hidden_s, s.comm_s);
+    close(s.step_s, 10.0);
+}
+
+#[test]
+fn a_core_per_rank_hides_nothing_more() {
+    let alone = step(&model(), &CodecProfile::dense(), &scenario(4)).unwrap();
+    for cores in [4, 8, 64] {
+        let sc = Scenario {
+            host_cores: Some(cores),
+            ..scenario(4)
+        };
+        assert_eq!(step(&model(), &CodecProfile::dense(), &sc).unwrap(), alone);
+    }
+    // What the overlap already hid is not hidden twice.
+    let sc = Scenario {
+        overlap: 1.0,
+        host_cores: Some(1),
+        ..scenario(8)
+    };
+    let s = step(&model(), &CodecProfile::dense(), &sc).unwrap();
+    close(s.hidden_s, s.comm_s);
+    close(s.step_s, 0.1);
+    let none = Scenario {
+        host_cores: Some(0),
+        ..scenario(8)
+    };
+    assert_eq!(
+        step(&model(), &CodecProfile::dense(), &none),
+        Err(Error::NoCores)
+    );
 }
 
 #[test]
