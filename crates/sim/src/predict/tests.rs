@@ -154,11 +154,19 @@ fn shared_host_hides_communication_behind_the_other_ranks_cpu() {
     close(s.comm_s, alone.comm_s);
     close(s.hidden_s, 0.0375);
     close(s.step_s, 0.1 + alone.comm_s - 0.0375);
-    // With a codec, its time counts as CPU work too: 1M + 1k elements at 3 ns each.
+    // With a codec, its time counts as CPU work too: 1M + 1k elements at 3 ns each (over a
+    // 10 Mbit/s link, so that the communication outlasts the slack).
     let c = codec(Strategy::Sparse, 0.08);
-    let s = step(&model(), &c, &shared).unwrap();
+    let slow_link = Scenario {
+        network: Network::new(50e-6, 800e-9, 0.5e-9).unwrap(),
+        ..shared
+    };
+    let s = step(&model(), &c, &slow_link).unwrap();
     let cpu: f64 = 0.1 + 3e-9 * 1_001_000.0;
-    close(s.hidden_s, (cpu * 0.375).min(s.comm_s));
+    assert!(s.comm_s > cpu * 0.375, "{}", s.comm_s);
+    close(s.codec_s, 3e-9 * 1_001_000.0);
+    close(s.hidden_s, cpu * 0.375);
+    close(s.step_s, cpu + s.comm_s - cpu * 0.375);
     // Never more than the communication: with 10 s of compute all of it hides.
     let slow = ModelProfile {
         compute_s: 10.0,
