@@ -297,14 +297,16 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     }
     // Ranks sharing this host: their compute measured together, per worker count.
     let mut host_compute = Vec::new();
-    if args.host_cores.is_some() && args.compute_ms.is_none() {
+    if let (Some(cores), None) = (args.host_cores, args.compute_ms) {
         for &workers in &args.workers {
+            // As `gradwire train` sizes each worker: the host's cores divided among the ranks.
+            let threads = (cores / workers).max(1);
             let l = crate::simulate_host::lockstep_compute(
-                args.model, data, args.seed, &batch, workers,
+                args.model, data, args.seed, &batch, workers, threads,
             )?;
             eprintln!(
-                "measured: {workers} ranks computing at once on this host: {:.1} ms per pass, \
-                 the slowest of each pass {:.1} ms",
+                "measured: {workers} ranks computing at once on this host, {threads} thread(s) \
+                 each: {:.1} ms per pass, the slowest of each pass {:.1} ms",
                 l.mean_s * 1e3,
                 l.slowest_s * 1e3
             );

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use gradwire_train::data::{Batch, DataShape};
-use gradwire_train::ModelKind;
+use gradwire_train::{Model, ModelKind};
 
 use crate::simulate::WARMUP_PASSES;
 
@@ -65,13 +65,17 @@ pub fn summarize(times: &[Vec<f64>]) -> Lockstep {
 }
 
 /// Runs `workers` model copies at once, each pass started together (a barrier stands in for
-/// the step's all-reduce), and summarizes their pass times.
+/// the step's all-reduce), and summarizes their pass times. Each rank computes with
+/// `threads_per_rank` threads of its own, as `gradwire train` sizes each worker process
+/// (the host's cores divided among its ranks): ranks sharing the one global pool read up to
+/// twice the runs' compute at 2 ranks on 2 cores (session 19).
 pub fn lockstep_compute(
     kind: ModelKind,
     data: DataShape,
     seed: u64,
     batch: &Batch,
     workers: usize,
+    threads_per_rank: usize,
 ) -> Result<Lockstep> {
     if workers == 0 || workers > MAX_SHARED_WORKERS {
         bail!(
@@ -86,40 +90,13 @@ pub fn lockstep_compute(
     let times = std::thread::scope(|s| {
         let handles: Vec<_> = models
             .into_iter()
-            .map(|mut model| {
+            .map(|model| {
                 let barrier = &barrier;
                 s.spawn(move || -> Result<Vec<f64>> {
-                    let (mut grad, mut params) = (Vec::new(), Vec::new());
-                    model.params(&mut params);
-                    let mut velocity = vec![0f32; params.len()];
-                    let lr = std::hint::black_box(0.0f32);
-                    let mut times = Vec::with_capacity(LOCKSTEP_PASSES);
-                    let mut failed = None;
-                    for i in 0..WARMUP_PASSES + LOCKSTEP_PASSES {
-                        // Every rank reaches every barrier, even after its pass failed, so
-                        // that the others never wait forever.
-                        barrier.wait();
-                        if failed.is_some() {
-                            continue;
-                        }
-                        let t = Instant::now();
-                        if let Err(e) = model.forward_backward(batch, &mut grad) {
-                            failed = Some(e);
-                            continue;
-                        }
-                        for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
-                            *v = 0.9 * *v + g;
-                            *p -= lr * *v;
-                        }
-                        model.set_params(&params);
-                        if i >= WARMUP_PASSES {
-                            times.push(t.elapsed().as_secs_f64());
-                        }
-                    }
-                    match failed {
-                        Some(e) => Err(e).context("a rank's training pass"),
-                        None => Ok(times),
-                    }
+                    gradwire_train::with_threads(threads_per_rank, || {
+                        rank_passes(model, batch, barrier)
+                    })
+                    .map_err(anyhow::Error::msg)?
                 })
             })
             .collect();
@@ -132,6 +109,41 @@ pub fn lockstep_compute(
             .collect::<Result<Vec<_>>>()
     })?;
     Ok(summarize(&times))
+}
+
+/// One rank's timed passes, each after the barrier.
+fn rank_passes(mut model: Box<dyn Model>, batch: &Batch, barrier: &Barrier) -> Result<Vec<f64>> {
+    let (mut grad, mut params) = (Vec::new(), Vec::new());
+    model.params(&mut params);
+    let mut velocity = vec![0f32; params.len()];
+    let lr = std::hint::black_box(0.0f32);
+    let mut times = Vec::with_capacity(LOCKSTEP_PASSES);
+    let mut failed = None;
+    for i in 0..WARMUP_PASSES + LOCKSTEP_PASSES {
+        // Every rank reaches every barrier, even after its pass failed, so
+        // that the others never wait forever.
+        barrier.wait();
+        if failed.is_some() {
+            continue;
+        }
+        let t = Instant::now();
+        if let Err(e) = model.forward_backward(batch, &mut grad) {
+            failed = Some(e);
+            continue;
+        }
+        for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
+            *v = 0.9 * *v + g;
+            *p -= lr * *v;
+        }
+        model.set_params(&params);
+        if i >= WARMUP_PASSES {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    match failed {
+        Some(e) => Err(e).context("a rank's training pass"),
+        None => Ok(times),
+    }
 }
 
 #[cfg(test)]
@@ -158,10 +170,10 @@ mod tests {
         };
         let batch = crate::simulate::synthetic_batch(8, [1, 28, 28], 1);
         let kind: ModelKind = "mlp".parse().unwrap();
-        let l = lockstep_compute(kind, data, 1, &batch, 3).unwrap();
+        let l = lockstep_compute(kind, data, 1, &batch, 3, 1).unwrap();
         assert_eq!(l.workers, 3);
         assert!(l.mean_s > 0.0 && l.slowest_s >= l.mean_s, "{l:?}");
-        let err = lockstep_compute(kind, data, 1, &batch, MAX_SHARED_WORKERS + 1).unwrap_err();
+        let err = lockstep_compute(kind, data, 1, &batch, MAX_SHARED_WORKERS + 1, 1).unwrap_err();
         assert!(err.to_string().contains("1 to 64"), "{err}");
     }
 }
