@@ -7,10 +7,11 @@
 //! on 2 cores passed in 44-58 ms each, the slowest of each pass 49-65 ms, against 32 ms for one
 //! process's 8 ms scaled by `P / cores`; the scaled figure under-predicted every DGC and
 //! 1-bit SGD cell over 1 Gbit/s by 16-39%, the lockstep one came within 5% at 4 and 8 ranks
-//! there. It over-predicts where a run's ranks do not pass in exact lockstep (2 ranks:
-//! `docs/simulate.md`). With more ranks than cores, a rank's wire hides behind the others'
-//! compute; that is the prediction's shared-host term (`gradwire_sim::predict`), not part of
-//! this measurement. Each pass is what the trainer counts as compute (forward, backward, an
+//! there. Each rank computes with the threads `gradwire train` would give its worker
+//! process; on the one global pool, 2 ranks on 2 cores read up to twice the runs' compute
+//! (session 19, `docs/simulate.md`). With more ranks than cores, a rank's wire hides behind
+//! the others' compute; that is the prediction's shared-host term (`gradwire_sim::predict`),
+//! not part of this measurement. Each pass is what the trainer counts as compute (forward, backward, an
 //! SGD-with-momentum update over every parameter, the parameters handed back to the model);
 //! every rank has its own model copy.
 
