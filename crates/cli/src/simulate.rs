@@ -300,7 +300,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     if let (Some(cores), None) = (args.host_cores, args.compute_ms) {
         for &workers in &args.workers {
             // As `gradwire train` sizes each worker: the host's cores divided among the ranks.
-            let threads = (cores / workers).max(1);
+            let threads = gradwire_train::threads_per_worker(cores, workers);
             let l = crate::simulate_host::lockstep_compute(
                 args.model, data, args.seed, &batch, workers, threads,
             )?;

@@ -529,7 +529,7 @@ impl TrainArgs {
         let threads = self
             .threads
             .or(file.threads)
-            .unwrap_or((host.cores / local.max(1)).max(1));
+            .unwrap_or(gradwire_train::threads_per_worker(host.cores, local));
         let train = TrainConfig {
             batch_size: batch,
             epochs,

@@ -10,6 +10,12 @@ pub fn init_threads(n: usize) -> bool {
         .is_ok()
 }
 
+/// Compute threads for each of `ranks` workers sharing `cores` cores: the cores divided
+/// among them, at least 1.
+pub fn threads_per_worker(cores: usize, ranks: usize) -> usize {
+    (cores / ranks.max(1)).max(1)
+}
+
 /// Threads in rayon's global pool (initializing it with the default size if needed).
 pub fn num_threads() -> usize {
     rayon::current_num_threads()
