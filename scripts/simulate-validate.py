@@ -4,12 +4,13 @@
 For each link, rank count and codec: one short `gradwire train` run (2 epochs of --steps
 steps; the second epoch is measured, so start-up and the first step's set-up are not), then
 two predictions from `gradwire simulate --calibrate --host-cores CORES`:
-  A: everything measured by simulate itself (the P ranks' compute measured with P model
-     copies passing at once on this machine, codec costs scaled by max(1, P / CORES) since
-     the P ranks share the cores, and with P > CORES the wire that hides behind the other
-     ranks' CPU work taken off: crates/sim/src/predict.rs);
-  B: the same, but with the run's own compute per step (--compute-ms, the ranks' mean,
-     without the wait for the slowest), so the communication and codec model is tested alone.
+  A: everything measured by simulate itself: a whole training step of the P ranks measured
+     on this machine without a link (P model copies stepping at once, each through the
+     engine with the codec, TCP on 127.0.0.1: crates/cli/src/simulate_host.rs), plus the
+     link's communication from the alpha-beta model (crates/sim/src/predict.rs);
+  B: the run's own compute per step (--compute-ms, the ranks' mean, without the wait for the
+     slowest) plus the modelled codec costs, scaled by max(1, P / CORES) since the P ranks
+     share the cores, plus the communication: the codec and communication model alone.
 All of it --repeats times, the whole sweep once per repeat (so a slow spell of the machine
 touches every cell alike); a cell's measured time and predictions are the medians over the
 repeats. On this 2-core machine a single run of a CPU-bound cell at 8 ranks varied by up

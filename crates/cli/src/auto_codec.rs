@@ -258,7 +258,7 @@ pub fn choose(
         network: net,
         overlap: 0.0,
         fusion_bytes,
-        host_cores: None,
+        host: None,
     };
     // The same without per-message costs, to split a prediction into its alpha part and
     // the rest.

@@ -25,10 +25,13 @@
 //! are scaled by the measured sync time over the predicted one at two ranks (never below 1).
 //!
 //! `--host-cores N` models the P workers sharing N cores of one host (validation on this
-//! machine): the compute is measured with P model copies passing at once, the step waiting
-//! for the slowest ([`crate::simulate_host`]; a `--compute-ms` is taken as given), and the
-//! codec costs, measured with the whole machine, are multiplied by `max(1, P / N)`.
-//! Efficiency stays relative to one worker with the machine to itself.
+//! machine): per worker count and codec, a whole training step of P ranks is measured here
+//! without a link ([`crate::simulate_host::lockstep_step`]: every rank its own model copy and
+//! threads, the engine with the codec, TCP on 127.0.0.1), and the prediction adds the link's
+//! communication to it (`gradwire_sim::predict`'s module doc). With a `--compute-ms` that
+//! compute is taken as given instead, and the codec costs, measured with the whole machine,
+//! are multiplied by `max(1, P / N)`. Efficiency stays relative to one worker with the
+//! machine to itself.
 //!
 //! JSON (`--json FILE`): `{"results":[{"workers":64,"link":"10gbit","codec":"dgc:ratio=0.001",
 //! "step_s":0.21,"speedup":2.4,"efficiency":0.83}],"inputs":{...},"provenance":{...}}`;
@@ -40,7 +43,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use gradwire_codec::{BuildContext, Codec, CodecConfig, Progress, SparseGrad, TensorInfo};
 use gradwire_engine::{Engine, EngineConfig, Strategy, TensorSpec};
-use gradwire_sim::{predict, step, CodecProfile, ModelProfile, Network, Scenario};
+use gradwire_sim::{predict, step, CodecProfile, MeasuredStep, ModelProfile, Network, Scenario};
 use gradwire_train::data::{Batch, DataShape, DatasetKind, ImageBatch};
 use gradwire_train::{Model, ModelKind};
 use gradwire_transport::link::LinkConfig;
@@ -99,12 +102,16 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub calibrate: bool,
     /// The workers share this many cores of one host (validation on one machine; default: a
-    /// host each): their compute is measured with that many model copies passing at once,
-    /// the step waiting for the slowest (at most 64), codec costs are multiplied by
-    /// max(1, workers / cores), and with more workers than cores the communication that fits
-    /// while the other ranks still compute is hidden (`gradwire_sim::predict`'s module doc).
+    /// host each): per worker count and codec, a whole training step of that many ranks
+    /// (at most 64) is measured here without a link (each rank its own model copy and
+    /// cores/workers threads, the engine with the codec, TCP on 127.0.0.1), and the link's
+    /// communication is added to it. With --compute-ms instead, that compute is taken as
+    /// given and the codec costs are multiplied by max(1, workers / cores).
     #[arg(long)]
     pub host_cores: Option<usize>,
+    /// Internal: run as one rank of a --host-cores step measurement (started by simulate).
+    #[arg(long, hide = true)]
+    pub host_worker: bool,
     /// Seed of the model, the batch and the stochastic codecs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -152,9 +159,10 @@ pub struct Inputs {
     /// Per codec, the factor the engine measurement applied to its codec costs (already in
     /// `codecs`).
     pub engine_factors: Vec<(String, f64)>,
-    /// With `--host-cores`: per worker count, the compute of that many ranks measured
-    /// together on this host (the prediction uses `slowest_s`).
-    pub host_compute: Vec<crate::simulate_host::Lockstep>,
+    /// With `--host-cores`: per worker count and codec, a whole step of that many ranks
+    /// measured together on this host without a link (the prediction adds the link's
+    /// communication to `step_s`, and reads `compute.slowest_s` as its compute).
+    pub host_steps: Vec<crate::simulate_host::HostStep>,
 }
 
 /// The JSON report.
@@ -198,6 +206,13 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         ),
     };
     let data = DataShape::Image { shape, classes: 10 };
+    if args.host_worker {
+        let [(_, codec)]: [(String, CodecConfig); 1] = codecs
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("--host-worker takes one codec"))?;
+        let batch = synthetic_batch(args.batch, shape, args.seed);
+        return crate::simulate_host::host_worker(args, codec, data, &batch);
+    }
     let mut model = args
         .model
         .build(data, args.seed)
@@ -255,7 +270,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                 network: local,
                 overlap: 0.0,
                 fusion_bytes: args.fusion_bytes,
-                host_cores: None,
+                host: None,
             };
             let no_compute = ModelProfile {
                 compute_s: 0.0,
@@ -295,22 +310,23 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     if args.host_cores == Some(0) {
         bail!("--host-cores must be at least 1");
     }
-    // Ranks sharing this host: their compute measured together, per worker count.
-    let mut host_compute = Vec::new();
+    // Ranks sharing this host: a whole step of theirs measured, per worker count and codec.
+    let mut host_steps = Vec::new();
     if let (Some(cores), None) = (args.host_cores, args.compute_ms) {
         for &workers in &args.workers {
             // As `gradwire train` sizes each worker: the host's cores divided among the ranks.
             let threads = gradwire_train::threads_per_worker(cores, workers);
-            let l = crate::simulate_host::lockstep_compute(
-                args.model, data, args.seed, &batch, workers, threads,
-            )?;
-            eprintln!(
-                "measured: {workers} ranks computing at once on this host, {threads} thread(s) \
-                 each: {:.1} ms per pass, the slowest of each pass {:.1} ms",
-                l.mean_s * 1e3,
-                l.slowest_s * 1e3
-            );
-            host_compute.push(l);
+            for (spec, _) in &codecs {
+                let h = crate::simulate_host::lockstep_step(args, spec, workers, cores)?;
+                eprintln!(
+                    "measured: {workers} ranks of {spec} stepping at once on this host without \
+                     a link, {threads} thread(s) each: {:.1} ms per step, compute {:.1} ms \
+                     (the slowest of each pass)",
+                    h.step_s * 1e3,
+                    h.compute.slowest_s * 1e3
+                );
+                host_steps.push(h);
+            }
         }
     }
     let mut results = Vec::new();
@@ -322,19 +338,15 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                 network: *net,
                 overlap: args.overlap,
                 fusion_bytes: args.fusion_bytes,
-                host_cores: args.host_cores,
+                host: None,
             };
             let share = args
                 .host_cores
                 .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
-            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores);
-            // with --host-cores the compute is the slowest of the ranks measured together.
-            let compute_s = host_compute
-                .iter()
-                .find(|l| l.workers == workers)
-                .map_or(profile.compute_s, |l| l.slowest_s);
+            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores),
+            // with the codec costs scaled to the ranks sharing the cores.
             let shared_model = ModelProfile {
-                compute_s,
+                compute_s: profile.compute_s,
                 ..profile.clone()
             };
             for c in &codec_profiles {
@@ -343,6 +355,15 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                     decode_s_per_elem: c.decode_s_per_elem * share,
                     ..c.clone()
                 };
+                // With --host-cores (and no --compute-ms) the step measured on this host.
+                let host = host_steps
+                    .iter()
+                    .find(|h| h.workers == workers && h.codec == c.spec)
+                    .map(|h| MeasuredStep {
+                        compute_s: h.compute.slowest_s,
+                        step_s: h.step_s,
+                    });
+                let scenario = Scenario { host, ..scenario };
                 let mut p = predict(&shared_model, &shared, &scenario)?;
                 // Against one worker with the machine to itself.
                 p.efficiency = profile.compute_s / p.step.step_s;
@@ -371,7 +392,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             fusion_bytes: args.fusion_bytes,
             host_cores: args.host_cores,
             engine_factors,
-            host_compute,
+            host_steps,
         },
         provenance: crate::records::Provenance::current(),
     };

@@ -1,6 +1,12 @@
-//! Compute of P ranks that share the cores of one host (`gradwire simulate --host-cores`),
-//! measured rather than scaled: P copies of the model run their training passes at once, in
-//! lockstep as data-parallel ranks do, and a step's compute is the slowest rank's pass.
+//! Compute and step of P ranks that share the cores of one host (`gradwire simulate
+//! --host-cores`), measured rather than scaled.
+//!
+//! [`lockstep_step`]: P processes, each a copy of the model, run their training steps at
+//! once, each handing its gradient to an engine with the codec, the ranks joined over TCP on
+//! 127.0.0.1 without link emulation, as `gradwire train`'s workers are: a whole training step as the P ranks
+//! run it on this host, all its CPU work included (compute, the codec, the engine's planning
+//! and copies, the TCP stack, and the ranks' contention for the cores while they do it). A
+//! step's compute is, per pass, the slowest rank's.
 //!
 //! Why measured: a synchronous step waits for the last rank's gradient, and ranks that share
 //! cores contend for more than the cores (memory, caches). In session 16's validation, 8 ranks
@@ -9,18 +15,24 @@
 //! 1-bit SGD cell over 1 Gbit/s by 16-39%, the lockstep one came within 5% at 4 and 8 ranks
 //! there. Each rank computes with the threads `gradwire train` would give its worker
 //! process; on the one global pool, 2 ranks on 2 cores read up to twice the runs' compute
-//! (session 19, `docs/simulate.md`). With more ranks than cores, a rank's wire hides behind
-//! the others' compute; that is the prediction's shared-host term (`gradwire_sim::predict`),
-//! not part of this measurement. Each pass is what the trainer counts as compute (forward, backward, an
-//! SGD-with-momentum update over every parameter, the parameters handed back to the model);
-//! every rank has its own model copy.
+//! (session 19, `docs/simulate.md`). Why the whole step (session 20): the codec costs
+//! measured with the machine to itself and multiplied by `P / cores` left out CPU work the
+//! runs do, and the runs' compute reads more than the compute-only lockstep's because the
+//! other ranks' codec work shares the cores with it: 8 ranks of 1-bit SGD without a link
+//! stepped in 122-138 ms against 107 ms predicted that way. Each pass is what the trainer
+//! counts as compute (forward, backward, an SGD-with-momentum update over every parameter,
+//! the parameters handed back to the model); every rank has its own model copy.
 
-use std::sync::Barrier;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use gradwire_codec::CodecConfig;
+use gradwire_engine::{Engine, EngineConfig, TensorSpec};
 use gradwire_train::data::{Batch, DataShape};
-use gradwire_train::{Model, ModelKind};
+use gradwire_train::Model;
+use gradwire_transport::Transport;
+
+use crate::simulate::SimulateArgs;
 
 use crate::simulate::WARMUP_PASSES;
 
@@ -31,7 +43,7 @@ pub const LOCKSTEP_PASSES: usize = 40;
 pub const MAX_SHARED_WORKERS: usize = 64;
 
 /// Compute per step of `workers` ranks sharing the host.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Lockstep {
     /// Ranks measured.
     pub workers: usize,
@@ -65,86 +77,185 @@ pub fn summarize(times: &[Vec<f64>]) -> Lockstep {
     }
 }
 
-/// Runs `workers` model copies at once, each pass started together (a barrier stands in for
-/// the step's all-reduce), and summarizes their pass times. Each rank computes with
-/// `threads_per_rank` threads of its own, as `gradwire train` sizes each worker process
-/// (the host's cores divided among its ranks): ranks sharing the one global pool read up to
-/// twice the runs' compute at 2 ranks on 2 cores (session 19).
-pub fn lockstep_compute(
-    kind: ModelKind,
-    data: DataShape,
-    seed: u64,
-    batch: &Batch,
+/// A whole step of `workers` ranks sharing the host, measured without a link.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostStep {
+    /// Ranks measured.
+    pub workers: usize,
+    /// The codec (spec) the engine ran.
+    pub codec: String,
+    /// The compute of the step: per pass the slowest rank's compute, as in [`Lockstep`].
+    pub compute: Lockstep,
+    /// Seconds per step: the ranks' mean time from one pass's start to the next's.
+    pub step_s: f64,
+}
+
+/// Runs `workers` ranks at once, each a process of this binary (`simulate --host-worker`,
+/// started as `gradwire train` starts its workers) with its own model copy and the threads
+/// `gradwire train` would give it (the host's `cores` divided among the ranks), for
+/// [`LOCKSTEP_PASSES`] training steps, each rank's gradient all-reduced through an engine
+/// with `codec` over TCP on 127.0.0.1, no link emulation. The engine runs past any warm-up
+/// (DGC's sparsity schedule), as the codec measurements do. Processes, not threads: ranks as
+/// threads of one process read 15% more per step than the runs' processes at 4 ranks on 2
+/// cores (session 20), as their compute did on one shared thread pool (session 19).
+pub fn lockstep_step(
+    args: &SimulateArgs,
+    codec: &str,
     workers: usize,
-    threads_per_rank: usize,
-) -> Result<Lockstep> {
+    cores: usize,
+) -> Result<HostStep> {
     if workers == 0 || workers > MAX_SHARED_WORKERS {
         bail!(
-            "--host-cores measures the workers' compute on this host, 1 to \
+            "--host-cores measures the workers' steps on this host, 1 to \
              {MAX_SHARED_WORKERS} of them; got {workers}"
         );
     }
-    let models = (0..workers)
-        .map(|_| kind.build(data, seed).context("building a rank's model"))
-        .collect::<Result<Vec<_>>>()?;
-    let barrier = Barrier::new(workers);
-    let times = std::thread::scope(|s| {
-        let handles: Vec<_> = models
-            .into_iter()
-            .map(|model| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<Vec<f64>> {
-                    gradwire_train::with_threads(threads_per_rank, || {
-                        rank_passes(model, batch, barrier)
-                    })
-                    .map_err(anyhow::Error::msg)?
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a rank's compute measurement panicked"))?
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    Ok(summarize(&times))
+    let child = vec![
+        "simulate".to_string(),
+        "--host-worker".into(),
+        format!("--model={}", args.model),
+        format!("--dataset={}", args.dataset.name()),
+        format!("--batch={}", args.batch),
+        format!("--seed={}", args.seed),
+        format!("--fusion-bytes={}", args.fusion_bytes),
+        format!("--host-cores={cores}"),
+        format!("--workers={workers}"),
+        format!("--codec={codec}"),
+    ];
+    let mut h: HostStep = crate::launch::run_ranks_for_json(workers, child)
+        .with_context(|| format!("measuring {workers} ranks of {codec} on this host"))?;
+    h.codec = codec.to_string();
+    Ok(h)
 }
 
-/// One rank's timed passes, each after the barrier.
-fn rank_passes(mut model: Box<dyn Model>, batch: &Batch, barrier: &Barrier) -> Result<Vec<f64>> {
+/// One rank of [`lockstep_step`] (`gradwire simulate --host-worker`, under the environment
+/// the launcher sets): steps through the engine, then gathers every rank's timings on rank
+/// 0, which prints the [`HostStep`] as one JSON line.
+pub fn host_worker(
+    args: &SimulateArgs,
+    codec: CodecConfig,
+    data: DataShape,
+    batch: &Batch,
+) -> Result<()> {
+    let launched = crate::world::detect()?.context(
+        "--host-worker is internal: it needs the environment `simulate --host-cores` sets \
+         for its ranks",
+    )?;
+    let t = crate::world::join_with(crate::world::TransportKind::Tcp, &launched)?;
+    let (rank, workers) = (t.rank(), t.world_size());
+    let cores = args
+        .host_cores
+        .context("--host-worker needs --host-cores")?;
+    let threads = gradwire_train::threads_per_worker(cores, workers);
+    let model = args
+        .model
+        .build(data, args.seed)
+        .with_context(|| format!("building {}", args.model))?;
+    let config = EngineConfig {
+        codec,
+        fusion_bytes: args.fusion_bytes,
+        seed: args.seed,
+        ..EngineConfig::default()
+    };
+    let (compute, step_s, mut t) =
+        gradwire_train::with_threads(threads, || rank_steps(model, batch, t, &config))
+            .map_err(anyhow::Error::msg)??;
+    let mut mine = step_s.to_le_bytes().to_vec();
+    for c in &compute {
+        mine.extend_from_slice(&c.to_le_bytes());
+    }
+    let mut all = Vec::new();
+    gradwire_collective::gather::all_gather_bytes(t.as_mut(), &mine, &mut all)
+        .context("gathering the ranks' timings")?;
+    if rank != 0 {
+        return Ok(());
+    }
+    let mut steps = Vec::with_capacity(workers);
+    let mut times = Vec::with_capacity(workers);
+    for (r, bytes) in all.iter().enumerate() {
+        if bytes.len() != mine.len() {
+            bail!(
+                "rank {r} sent {} bytes of timings, rank 0 {}",
+                bytes.len(),
+                mine.len()
+            );
+        }
+        let mut v = bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunks")));
+        steps.push(v.next().unwrap_or(0.0));
+        times.push(v.collect::<Vec<f64>>());
+    }
+    let h = HostStep {
+        workers,
+        codec: String::new(),
+        compute: summarize(&times),
+        step_s: steps.iter().sum::<f64>() / workers as f64,
+    };
+    println!("{}", serde_json::to_string(&h)?);
+    Ok(())
+}
+
+/// One rank's training steps through the engine: its compute per timed pass, the mean
+/// seconds per step over the timed passes (the collective keeps the ranks in step), and the
+/// transport back.
+fn rank_steps<T: Transport + 'static>(
+    mut model: Box<dyn Model>,
+    batch: &Batch,
+    transport: T,
+    config: &EngineConfig,
+) -> Result<(Vec<f64>, f64, Box<dyn Transport>)> {
+    let tensors = model.tensors();
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
+        .collect();
+    let mut ranges = Vec::with_capacity(tensors.len());
+    let mut at = 0;
+    for t in &tensors {
+        ranges.push(at..at + t.len());
+        at += t.len();
+    }
+    let engine = Engine::start(transport, config.clone(), &specs)?;
     let (mut grad, mut params) = (Vec::new(), Vec::new());
     model.params(&mut params);
     let mut velocity = vec![0f32; params.len()];
     let lr = std::hint::black_box(0.0f32);
-    let mut times = Vec::with_capacity(LOCKSTEP_PASSES);
-    let mut failed = None;
+    let mut compute = Vec::with_capacity(LOCKSTEP_PASSES);
+    let mut timed_from = None;
     for i in 0..WARMUP_PASSES + LOCKSTEP_PASSES {
-        // Every rank reaches every barrier, even after its pass failed, so
-        // that the others never wait forever.
-        barrier.wait();
-        if failed.is_some() {
-            continue;
+        let t0 = Instant::now();
+        if i == WARMUP_PASSES {
+            timed_from = Some(t0);
         }
-        let t = Instant::now();
-        if let Err(e) = model.forward_backward(batch, &mut grad) {
-            failed = Some(e);
-            continue;
+        model
+            .forward_backward(batch, &mut grad)
+            .context("a rank's training pass")?;
+        let fb = t0.elapsed();
+        engine.set_progress(1_000_000, 1_000.0);
+        // Output layer first, as a backward pass hands them over and the trainer submits.
+        let handles = engine.all_reduce_batch_unflushed(
+            (0..specs.len())
+                .rev()
+                .map(|j| (specs[j].name.as_str(), grad[ranges[j].clone()].to_vec())),
+        );
+        for (j, h) in (0..specs.len()).rev().zip(handles) {
+            let got = h.wait()?;
+            grad[ranges[j].clone()].copy_from_slice(&got);
         }
+        let t1 = Instant::now();
         for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
             *v = 0.9 * *v + g;
             *p -= lr * *v;
         }
         model.set_params(&params);
         if i >= WARMUP_PASSES {
-            times.push(t.elapsed().as_secs_f64());
+            compute.push((fb + t1.elapsed()).as_secs_f64());
         }
     }
-    match failed {
-        Some(e) => Err(e).context("a rank's training pass"),
-        None => Ok(times),
-    }
+    let step_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64() / LOCKSTEP_PASSES as f64);
+    let t = engine.shutdown()?;
+    Ok((compute, step_s, t))
 }
 
 #[cfg(test)]
@@ -161,20 +272,5 @@ mod tests {
         assert!((l.slowest_s - 4.0).abs() < 1e-12, "{l:?}");
         assert!((l.mean_s - 3.0).abs() < 1e-12, "{l:?}");
         assert_eq!(summarize(&[]).slowest_s, 0.0);
-    }
-
-    #[test]
-    fn lockstep_ranks_each_train_their_own_copy() {
-        let data = DataShape::Image {
-            shape: [1, 28, 28],
-            classes: 10,
-        };
-        let batch = crate::simulate::synthetic_batch(8, [1, 28, 28], 1);
-        let kind: ModelKind = "mlp".parse().unwrap();
-        let l = lockstep_compute(kind, data, 1, &batch, 3, 1).unwrap();
-        assert_eq!(l.workers, 3);
-        assert!(l.mean_s > 0.0 && l.slowest_s >= l.mean_s, "{l:?}");
-        let err = lockstep_compute(kind, data, 1, &batch, MAX_SHARED_WORKERS + 1, 1).unwrap_err();
-        assert!(err.to_string().contains("1 to 64"), "{err}");
     }
 }

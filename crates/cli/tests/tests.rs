@@ -598,6 +598,75 @@ fn declared_hosts_make_the_engine_hierarchical() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `gradwire simulate --host-cores`: per worker count and codec, a whole step of that many
+/// rank processes is measured on this host without a link (recorded in the JSON's inputs),
+/// and the prediction is that step plus the link's communication.
+#[test]
+fn simulate_on_a_shared_host_measures_a_step_of_rank_processes() {
+    let dir = std::env::temp_dir().join(format!("gradwire-simhost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("sim.json");
+    let mut cmd = gradwire();
+    cmd.args([
+        "simulate",
+        "--model",
+        "mlp:hidden=64x2",
+        "--workers",
+        "3",
+        "--link",
+        "100mbit",
+        "--codec",
+        "none;onebit",
+        "--batch",
+        "8",
+        "--host-cores",
+        "2",
+        "--json",
+    ])
+    .arg(&json);
+    let out = output_within(cmd, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
+    let _ = std::fs::remove_dir_all(&dir);
+    let hosts = v["inputs"]["host_steps"].as_array().unwrap();
+    assert_eq!(hosts.len(), 2, "{v}");
+    let results = v["results"].as_array().unwrap();
+    for (h, codec) in hosts.iter().zip(["none", "onebit"]) {
+        assert_eq!(h["codec"], codec, "{h}");
+        assert_eq!(h["workers"], 3, "{h}");
+        assert_eq!(h["compute"]["workers"], 3, "{h}");
+        let mean = h["compute"]["mean_s"].as_f64().unwrap();
+        let slowest = h["compute"]["slowest_s"].as_f64().unwrap();
+        let step = h["step_s"].as_f64().unwrap();
+        assert!(mean > 0.0 && slowest >= mean && step > mean, "{h}");
+        // The prediction adds the 100 Mbit/s link's communication to the measured step.
+        let r = results.iter().find(|r| r["codec"] == codec).unwrap();
+        assert!(r["step_s"].as_f64().unwrap() > step, "{r} {h}");
+    }
+    // The ranks' own mode refuses to run outside the environment simulate gives them.
+    let mut alone = gradwire();
+    alone.args([
+        "simulate",
+        "--host-worker",
+        "--host-cores",
+        "2",
+        "--codec",
+        "none",
+    ]);
+    let out = output_within(alone, Duration::from_secs(30));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("internal"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `gradwire simulate --json`: the results have exactly the documented fields, one entry per
 /// (link, workers, codec), dense has speedup 1, and the inputs and provenance are recorded.
 #[test]

@@ -21,7 +21,9 @@ pub mod predict;
 
 pub use gradwire_engine::Strategy;
 pub use network::Network;
-pub use predict::{predict, step, CodecProfile, ModelProfile, Prediction, Scenario, StepBreakdown};
+pub use predict::{
+    predict, step, CodecProfile, MeasuredStep, ModelProfile, Prediction, Scenario, StepBreakdown,
+};
 
 /// Why a prediction cannot be made.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -29,9 +31,6 @@ pub enum Error {
     /// A world of zero workers.
     #[error("a world needs at least one worker")]
     NoWorkers,
-    /// A host with zero cores.
-    #[error("a shared host needs at least one core")]
-    NoCores,
     /// A negative or non-finite cost (`what` names it).
     #[error("{what} must be finite and non-negative, got {value}")]
     BadCost {

@@ -21,16 +21,16 @@
 //! overlap is near 0 (the default); a framework that starts all-reducing during backward
 //! (Horovod, PyTorch DDP) gets closer to 1.
 //!
-//! Ranks sharing a host (`Scenario::host_cores`, validation on one machine): when `P` ranks
-//! share `N < P` cores, the cores run `N` ranks at a time, so the ranks finish their CPU work
-//! (compute and codec, `H` for the slowest) spread over the step, the first after about
-//! `H N / P`, the last after `H`. A rank that has finished puts its bytes on its link while
-//! the others still hold the cores: with finish times spread evenly over `[H N / P, H]`, a
-//! rank's link runs on average `H (1 - N/P) / 2` before the last rank is done. That much of
-//! the communication hides behind other ranks' CPU work, at most what is left of it:
-//! `hidden += min(comm - hidden, H (1 - N/P) / 2)`. With a core per rank (`N >= P`, or
-//! `None`) the term is 0. The even spread is an assumption (the operating system's scheduler
-//! decides the order); docs/simulate.md compares it with measured steps.
+//! Ranks sharing a host (`Scenario::host`, validation on one machine): their CPU work is not
+//! modelled but measured, as one whole step of the `P` ranks on the host without a link
+//! ([`MeasuredStep`]: compute, codec, the engine and the TCP stack, with the ranks contending
+//! for the cores). The prediction is then that step plus the link's communication:
+//! `compute = measured compute`, `codec = measured step - measured compute`, `comm` as above.
+//! No communication hides behind the other ranks' CPU work: every collective here is a chain
+//! of duplex steps (a rank's next send starts only once its previous exchange is done), so
+//! the last rank to finish its CPU work still sends and receives all of its messages after
+//! it (session 19 modelled such hiding, and it over-corrected once the compute was measured
+//! right: docs/simulate.md).
 //!
 //! Scaling efficiency is weak scaling (fixed batch per worker, as Horovod reports it): the
 //! one-worker step time without any communication over the `P`-worker step time.
@@ -116,9 +116,18 @@ pub struct Scenario {
     pub overlap: f64,
     /// The engine's fusion buffer size in raw f32 bytes (tensors packed up to this).
     pub fusion_bytes: usize,
-    /// The workers share this many cores of one host (`None`: a host, or at least a core,
-    /// each); adds the shared-host overlap of the module doc when fewer than `workers`.
-    pub host_cores: Option<usize>,
+    /// The workers' CPU work measured on the one host they share (`None`: modelled, a host
+    /// each); see the module doc.
+    pub host: Option<MeasuredStep>,
+}
+
+/// One step of the `P` ranks measured on the host they share, without a link.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MeasuredStep {
+    /// Seconds of compute per step (the slowest rank's: forward, backward, update).
+    pub compute_s: f64,
+    /// Seconds per step: compute, then the engine's sync with the codec, no link.
+    pub step_s: f64,
 }
 
 /// One step's time, split.
@@ -130,8 +139,7 @@ pub struct StepBreakdown {
     pub codec_s: f64,
     /// Communication, including the reduction arithmetic.
     pub comm_s: f64,
-    /// Communication hidden behind compute (`overlap`), plus, on a shared host, behind the
-    /// other ranks' CPU work.
+    /// Communication hidden behind compute (`overlap`).
     pub hidden_s: f64,
     /// `compute + codec + comm - hidden`.
     pub step_s: f64,
@@ -265,16 +273,15 @@ pub fn step(
         ),
         s @ (Strategy::Auto | Strategy::Quantized) => return Err(Error::Strategy(s)),
     };
-    let mut hidden = overlap * comm_s.min(compute);
-    if let Some(cores) = scenario.host_cores {
-        if cores == 0 {
-            return Err(Error::NoCores);
+    let (compute, codec_s) = match scenario.host {
+        Some(h) => {
+            let c = check("host compute_s", h.compute_s)?;
+            let s = check("host step_s", h.step_s)?;
+            (c, (s - c).max(0.0))
         }
-        if cores < p {
-            let slack = (compute + codec_s) * (1.0 - cores as f64 / pf) / 2.0;
-            hidden += (comm_s - hidden).min(slack);
-        }
-    }
+        None => (compute, codec_s),
+    };
+    let hidden = overlap * comm_s.min(compute);
     Ok(StepBreakdown {
         compute_s: compute,
         codec_s,
