@@ -105,7 +105,8 @@ pub struct SimulateArgs {
     /// host each): per worker count and codec, a whole training step of that many ranks
     /// (at most 64) is measured here without a link (each rank its own model copy and
     /// cores/workers threads, the engine with the codec, TCP on 127.0.0.1), and the link's
-    /// communication is added to it. With --compute-ms instead, that compute is taken as
+    /// communication is added to it, less what hides behind the other ranks' share of the
+    /// measured sync work (`gradwire_sim::predict`'s module doc). With --compute-ms instead, that compute is taken as
     /// given and the codec costs are multiplied by max(1, workers / cores).
     #[arg(long)]
     pub host_cores: Option<usize>,
@@ -360,6 +361,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                     .iter()
                     .find(|h| h.workers == workers && h.codec == c.spec)
                     .map(|h| MeasuredStep {
+                        cores: args.host_cores.unwrap_or(workers),
                         compute_s: h.compute.slowest_s,
                         step_s: h.step_s,
                     });

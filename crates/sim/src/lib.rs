@@ -31,6 +31,9 @@ pub enum Error {
     /// A world of zero workers.
     #[error("a world needs at least one worker")]
     NoWorkers,
+    /// A shared host with zero cores.
+    #[error("a shared host needs at least one core")]
+    NoCores,
     /// A negative or non-finite cost (`what` names it).
     #[error("{what} must be finite and non-negative, got {value}")]
     BadCost {

@@ -22,15 +22,19 @@
 //! (Horovod, PyTorch DDP) gets closer to 1.
 //!
 //! Ranks sharing a host (`Scenario::host`, validation on one machine): their CPU work is not
-//! modelled but measured, as one whole step of the `P` ranks on the host without a link
-//! ([`MeasuredStep`]: compute, codec, the engine and the TCP stack, with the ranks contending
-//! for the cores). The prediction is then that step plus the link's communication:
-//! `compute = measured compute`, `codec = measured step - measured compute`, `comm` as above.
-//! No communication hides behind the other ranks' CPU work: every collective here is a chain
-//! of duplex steps (a rank's next send starts only once its previous exchange is done), so
-//! the last rank to finish its CPU work still sends and receives all of its messages after
-//! it (session 19 modelled such hiding, and it over-corrected once the compute was measured
-//! right: docs/simulate.md).
+//! modelled but measured, as one whole step of the `P` ranks on the host's `N` cores without
+//! a link ([`MeasuredStep`]: compute, codec, the engine and the TCP stack, with the ranks
+//! contending for the cores). The prediction is that step plus the link's communication,
+//! less what of it hides behind the other ranks' CPU work: `compute = measured compute`,
+//! `sync = measured step - measured compute`, `comm` as above, and
+//! `hidden += min(comm - hidden, sync (1 - N/P))` when `N < P`. While a rank waits on its
+//! link, the cores run the other ranks' sync work (encoding, decoding, reducing, copying),
+//! which makes up `1 - N/P` of the measured sync (the cores ran `P/N` ranks' work for each
+//! rank's own); the rank's own share stays in line with its messages (it encodes before it
+//! sends and decodes after it receives). The compute hides nothing: every collective here is a
+//! chain of duplex steps, so the last rank to finish computing still sends and receives all
+//! of its messages after it (session 19 hid wire behind compute, and over-corrected once the
+//! compute was measured right: docs/simulate.md).
 //!
 //! Scaling efficiency is weak scaling (fixed batch per worker, as Horovod reports it): the
 //! one-worker step time without any communication over the `P`-worker step time.
@@ -124,6 +128,8 @@ pub struct Scenario {
 /// One step of the `P` ranks measured on the host they share, without a link.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MeasuredStep {
+    /// The host's cores the ranks share.
+    pub cores: usize,
     /// Seconds of compute per step (the slowest rank's: forward, backward, update).
     pub compute_s: f64,
     /// Seconds per step: compute, then the engine's sync with the codec, no link.
@@ -139,7 +145,8 @@ pub struct StepBreakdown {
     pub codec_s: f64,
     /// Communication, including the reduction arithmetic.
     pub comm_s: f64,
-    /// Communication hidden behind compute (`overlap`).
+    /// Communication hidden behind compute (`overlap`), plus, on a shared host, behind the
+    /// other ranks' sync work.
     pub hidden_s: f64,
     /// `compute + codec + comm - hidden`.
     pub step_s: f64,
@@ -273,15 +280,21 @@ pub fn step(
         ),
         s @ (Strategy::Auto | Strategy::Quantized) => return Err(Error::Strategy(s)),
     };
-    let (compute, codec_s) = match scenario.host {
+    let (compute, codec_s, others) = match scenario.host {
         Some(h) => {
+            if h.cores == 0 {
+                return Err(Error::NoCores);
+            }
             let c = check("host compute_s", h.compute_s)?;
-            let s = check("host step_s", h.step_s)?;
-            (c, (s - c).max(0.0))
+            let sync = (check("host step_s", h.step_s)? - c).max(0.0);
+            // The other ranks' share of the measured sync work (module doc).
+            let others = sync * (1.0 - h.cores as f64 / pf).max(0.0);
+            (c, sync, others)
         }
-        None => (compute, codec_s),
+        None => (compute, codec_s, 0.0),
     };
-    let hidden = overlap * comm_s.min(compute);
+    let mut hidden = overlap * comm_s.min(compute);
+    hidden += (comm_s - hidden).min(others);
     Ok(StepBreakdown {
         compute_s: compute,
         codec_s,

@@ -142,60 +142,100 @@ fn overlap_hides_at_most_the_compute() {
 
 #[test]
 fn a_step_measured_on_the_host_takes_the_place_of_compute_and_codec() {
-    // 8 ranks on one host stepped in 0.25 s without a link, 0.15 s of it compute: the
+    // 8 ranks on 8 cores stepped in 0.25 s without a link, 0.15 s of it compute: the
     // prediction is that step plus the link's communication, as if the codec took 0.1 s.
     let c = codec(Strategy::Sparse, 0.08);
     let alone = step(&model(), &c, &scenario(8)).unwrap();
-    let measured = MeasuredStep {
-        compute_s: 0.15,
-        step_s: 0.25,
-    };
-    let shared = Scenario {
-        host: Some(measured),
+    assert!(alone.comm_s > 0.0);
+    let host = |cores, compute_s, step_s| Scenario {
+        host: Some(MeasuredStep {
+            cores,
+            compute_s,
+            step_s,
+        }),
         ..scenario(8)
     };
-    let s = step(&model(), &c, &shared).unwrap();
+    let s = step(&model(), &c, &host(8, 0.15, 0.25)).unwrap();
     close(s.compute_s, 0.15);
     close(s.codec_s, 0.1);
     close(s.comm_s, alone.comm_s);
-    assert!(alone.comm_s > 0.0);
     close(s.hidden_s, 0.0);
     close(s.step_s, 0.25 + alone.comm_s);
     // Dense too: its measured step holds the in-host reduction; the link adds the wire.
-    let d = step(&model(), &CodecProfile::dense(), &shared).unwrap();
+    let d = step(&model(), &CodecProfile::dense(), &host(8, 0.15, 0.25)).unwrap();
     let d_alone = step(&model(), &CodecProfile::dense(), &scenario(8)).unwrap();
     close(d.step_s, 0.25 + d_alone.comm_s);
     // The overlap still applies, against the measured compute.
     let overlapped = Scenario {
         overlap: 1.0,
-        ..shared
+        ..host(8, 0.15, 0.25)
     };
     let o = step(&model(), &CodecProfile::dense(), &overlapped).unwrap();
     close(o.hidden_s, d_alone.comm_s.min(0.15));
     close(o.step_s, 0.25 + d_alone.comm_s - d_alone.comm_s.min(0.15));
     // A step shorter than its compute (timer noise) gives no negative codec time.
-    let odd = Scenario {
-        host: Some(MeasuredStep {
-            compute_s: 0.2,
-            step_s: 0.19,
-        }),
-        ..scenario(8)
-    };
-    close(step(&model(), &c, &odd).unwrap().codec_s, 0.0);
-    let bad = Scenario {
-        host: Some(MeasuredStep {
-            compute_s: f64::NAN,
-            step_s: 0.2,
-        }),
-        ..scenario(8)
-    };
+    close(
+        step(&model(), &c, &host(8, 0.2, 0.19)).unwrap().codec_s,
+        0.0,
+    );
     assert!(matches!(
-        step(&model(), &c, &bad),
+        step(&model(), &c, &host(8, f64::NAN, 0.2)),
         Err(Error::BadCost {
             what: "host compute_s",
             ..
         })
     ));
+    assert_eq!(step(&model(), &c, &host(0, 0.1, 0.2)), Err(Error::NoCores));
+}
+
+#[test]
+fn on_a_shared_host_the_other_ranks_sync_work_hides_behind_the_wire() {
+    // 8 ranks on 2 cores: of the 0.1 s of measured sync, 3/4 is the other ranks' work, 75 ms.
+    let c = codec(Strategy::Sparse, 0.08);
+    let comm = step(&model(), &c, &scenario(8)).unwrap().comm_s;
+    // Dense over 10 Mbit/s: the wire (about 6 s) outlasts it; 75 ms of it hides.
+    let slow = |cores| Scenario {
+        network: Network::new(50e-6, 800e-9, 0.5e-9).unwrap(),
+        host: Some(MeasuredStep {
+            cores,
+            compute_s: 0.15,
+            step_s: 0.25,
+        }),
+        ..scenario(8)
+    };
+    let d = step(&model(), &CodecProfile::dense(), &slow(2)).unwrap();
+    assert!(d.comm_s > 0.075, "{}", d.comm_s);
+    close(d.hidden_s, 0.075);
+    close(d.step_s, 0.25 + d.comm_s - 0.075);
+    // 4 cores: half of the sync is the others'.
+    close(
+        step(&model(), &CodecProfile::dense(), &slow(4))
+            .unwrap()
+            .hidden_s,
+        0.05,
+    );
+    // A core per rank (or more): nothing of the others' runs while a rank waits.
+    for cores in [8, 64] {
+        close(
+            step(&model(), &CodecProfile::dense(), &slow(cores))
+                .unwrap()
+                .hidden_s,
+            0.0,
+        );
+    }
+    // Never more than the communication: the sparse codec's few ms over 1 Gbit/s all hide.
+    let fast = Scenario {
+        host: Some(MeasuredStep {
+            cores: 2,
+            compute_s: 0.15,
+            step_s: 0.25,
+        }),
+        ..scenario(8)
+    };
+    let s = step(&model(), &c, &fast).unwrap();
+    assert!(comm < 0.075, "{comm}");
+    close(s.hidden_s, comm);
+    close(s.step_s, 0.25);
 }
 
 #[test]
