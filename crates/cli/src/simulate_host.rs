@@ -159,7 +159,7 @@ pub fn host_worker(
     };
     let (compute, step_s, mut t) =
         gradwire_train::with_threads(threads, || rank_steps(model, batch, t, &config))
-            .map_err(anyhow::Error::msg)??;
+            .with_context(|| format!("building a {threads}-thread compute pool"))??;
     let mut mine = step_s.to_le_bytes().to_vec();
     for c in &compute {
         mine.extend_from_slice(&c.to_le_bytes());
