@@ -106,8 +106,9 @@ pub struct SimulateArgs {
     /// (at most 64) is measured here without a link (each rank its own model copy and
     /// cores/workers threads, the engine with the codec, TCP on 127.0.0.1), and the link's
     /// communication is added to it, less what hides behind the other ranks' share of the
-    /// measured sync work (`gradwire_sim::predict`'s module doc). With --compute-ms instead, that compute is taken as
-    /// given and the codec costs are multiplied by max(1, workers / cores).
+    /// measured sync work (`gradwire_sim::predict`'s module doc). With --compute-ms
+    /// instead, that compute is taken as given and the codec costs are multiplied by
+    /// max(1, workers / cores).
     #[arg(long)]
     pub host_cores: Option<usize>,
     /// Internal: run as one rank of a --host-cores step measurement (started by simulate).

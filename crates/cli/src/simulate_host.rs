@@ -3,10 +3,10 @@
 //!
 //! [`lockstep_step`]: P processes, each a copy of the model, run their training steps at
 //! once, each handing its gradient to an engine with the codec, the ranks joined over TCP on
-//! 127.0.0.1 without link emulation, as `gradwire train`'s workers are: a whole training step as the P ranks
-//! run it on this host, all its CPU work included (compute, the codec, the engine's planning
-//! and copies, the TCP stack, and the ranks' contention for the cores while they do it). A
-//! step's compute is, per pass, the slowest rank's.
+//! 127.0.0.1 without link emulation, as `gradwire train`'s workers are: a whole training step
+//! as the P ranks run it on this host, all its CPU work included (compute, the codec, the
+//! engine's planning and copies, the TCP stack, and the ranks' contention for the cores while
+//! they do it). A step's compute is, per pass, the slowest rank's.
 //!
 //! Why measured: a synchronous step waits for the last rank's gradient, and ranks that share
 //! cores contend for more than the cores (memory, caches). In session 16's validation, 8 ranks

@@ -603,36 +603,23 @@ fn declared_hosts_make_the_engine_hierarchical() {
 /// and the prediction is that step plus the link's communication.
 #[test]
 fn simulate_on_a_shared_host_measures_a_step_of_rank_processes() {
-    let dir = std::env::temp_dir().join(format!("gradwire-simhost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("sim.json");
-    let mut cmd = gradwire();
-    cmd.args([
-        "simulate",
-        "--model",
-        "mlp:hidden=64x2",
-        "--workers",
-        "3",
-        "--link",
-        "100mbit",
-        "--codec",
-        "none;onebit",
-        "--batch",
-        "8",
-        "--host-cores",
-        "2",
-        "--json",
-    ])
-    .arg(&json);
-    let out = output_within(cmd, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = simulate_json(
+        "simhost",
+        &[
+            "--model",
+            "mlp:hidden=64x2",
+            "--workers",
+            "3",
+            "--link",
+            "100mbit",
+            "--codec",
+            "none;onebit",
+            "--batch",
+            "8",
+            "--host-cores",
+            "2",
+        ],
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
-    let _ = std::fs::remove_dir_all(&dir);
     let hosts = v["inputs"]["host_steps"].as_array().unwrap();
     assert_eq!(hosts.len(), 2, "{v}");
     let results = v["results"].as_array().unwrap();
@@ -644,63 +631,70 @@ fn simulate_on_a_shared_host_measures_a_step_of_rank_processes() {
         let slowest = h["compute"]["slowest_s"].as_f64().unwrap();
         let step = h["step_s"].as_f64().unwrap();
         assert!(mean > 0.0 && slowest >= mean && step > mean, "{h}");
-        // The prediction adds the 100 Mbit/s link's communication to the measured step.
+        // The prediction adds the 100 Mbit/s link's communication to the measured step, less
+        // what hides behind the other ranks' sync work (1-bit SGD's few bytes may all hide;
+        // dense's 220 kB over 100 Mbit/s outlast what a sync without codec work hides).
         let r = results.iter().find(|r| r["codec"] == codec).unwrap();
-        assert!(r["step_s"].as_f64().unwrap() > step, "{r} {h}");
+        let predicted = r["step_s"].as_f64().unwrap();
+        assert!(predicted >= step, "{r} {h}");
+        if codec == "none" {
+            assert!(predicted > step, "{r} {h}");
+        }
     }
     // The ranks' own mode refuses to run outside the environment simulate gives them.
-    let mut alone = gradwire();
-    alone.args([
-        "simulate",
-        "--host-worker",
-        "--host-cores",
-        "2",
-        "--codec",
-        "none",
-    ]);
-    let out = output_within(alone, Duration::from_secs(30));
-    assert!(!out.status.success());
+    let err = simulate_fails(&["--host-worker", "--host-cores", "2", "--codec", "none"]);
+    assert!(err.contains("internal"), "{err}");
+}
+
+/// Runs `gradwire simulate ARGS --json FILE` (in a folder named after `tag`) and returns the
+/// JSON it wrote.
+fn simulate_json(tag: &str, args: &[&str]) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!("gradwire-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("sim.json");
+    let mut cmd = gradwire();
+    cmd.arg("simulate").args(args).arg("--json").arg(&json);
+    let out = output_within(cmd, Duration::from_secs(120));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("internal"),
+        out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
+    let _ = std::fs::remove_dir_all(&dir);
+    v
+}
+
+/// Runs `gradwire simulate ARGS`, which must fail, and returns what it said on stderr.
+fn simulate_fails(args: &[&str]) -> String {
+    let mut cmd = gradwire();
+    cmd.arg("simulate").args(args);
+    let out = output_within(cmd, Duration::from_secs(30));
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// `gradwire simulate --json`: the results have exactly the documented fields, one entry per
 /// (link, workers, codec), dense has speedup 1, and the inputs and provenance are recorded.
 #[test]
 fn simulate_writes_the_documented_json() {
-    let dir = std::env::temp_dir().join(format!("gradwire-simulate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("sim.json");
-    let mut cmd = gradwire();
-    cmd.args([
+    let v = simulate_json(
         "simulate",
-        "--model",
-        "mlp:hidden=64x2",
-        "--workers",
-        "2,8",
-        "--link",
-        "1gbit",
-        "--link",
-        "100mbit,1ms",
-        "--codec",
-        "none;topk:ratio=0.01",
-        "--compute-ms",
-        "10",
-        "--json",
-    ])
-    .arg(&json);
-    let out = output_within(cmd, Duration::from_secs(60));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        &[
+            "--model",
+            "mlp:hidden=64x2",
+            "--workers",
+            "2,8",
+            "--link",
+            "1gbit",
+            "--link",
+            "100mbit,1ms",
+            "--codec",
+            "none;topk:ratio=0.01",
+            "--compute-ms",
+            "10",
+        ],
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
-    let _ = std::fs::remove_dir_all(&dir);
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2 * 2 * 2);
     for r in results {
@@ -731,13 +725,6 @@ fn simulate_writes_the_documented_json() {
     assert_eq!(v["inputs"]["model"]["name"], "mlp:hidden=64x2");
     assert!(v["provenance"]["git_rev"].is_string());
     // A bad model spec is refused with the reason.
-    let mut bad = gradwire();
-    bad.args(["simulate", "--model", "mlp:hidden=0"]);
-    let out = output_within(bad, Duration::from_secs(30));
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("out of range"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = simulate_fails(&["--model", "mlp:hidden=0"]);
+    assert!(err.contains("out of range"), "{err}");
 }
