@@ -19,7 +19,7 @@
 //! measured with the machine to itself and multiplied by `P / cores` left out CPU work the
 //! runs do, and the runs' compute reads more than the compute-only lockstep's because the
 //! other ranks' codec work shares the cores with it: 8 ranks of 1-bit SGD without a link
-//! stepped in 122-138 ms against 107 ms predicted that way. Each pass is what the trainer
+//! stepped in 121-146 ms against 103 ms predicted that way. Each pass is what the trainer
 //! counts as compute (forward, backward, an SGD-with-momentum update over every parameter,
 //! the parameters handed back to the model); every rank has its own model copy.
 
