@@ -258,7 +258,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     if let Some(s) = stack {
         let specs: Vec<TensorSpec> = tensors
             .iter()
-            .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
+            .map(gradwire_train::ParamTensor::spec)
             .collect();
         // Two ranks in one process: the copies cost about the stack's per-byte time.
         let local = Network::new(s.alpha, s.beta, s.gamma)?;

@@ -146,7 +146,8 @@ pub fn host_worker(
     let cores = args
         .host_cores
         .context("--host-worker needs --host-cores")?;
-    let threads = gradwire_train::threads_per_worker(cores, workers);
+    // The threads `gradwire train` gives a worker process.
+    gradwire_train::init_threads(gradwire_train::threads_per_worker(cores, workers));
     let model = args
         .model
         .build(data, args.seed)
@@ -157,9 +158,7 @@ pub fn host_worker(
         seed: args.seed,
         ..EngineConfig::default()
     };
-    let (compute, step_s, mut t) =
-        gradwire_train::with_threads(threads, || rank_steps(model, batch, t, &config))
-            .with_context(|| format!("building a {threads}-thread compute pool"))??;
+    let (compute, step_s, mut t) = rank_steps(model, batch, t, &config)?;
     let mut mine = step_s.to_le_bytes().to_vec();
     for c in &compute {
         mine.extend_from_slice(&c.to_le_bytes());
@@ -208,7 +207,7 @@ fn rank_steps<T: Transport + 'static>(
     let tensors = model.tensors();
     let specs: Vec<TensorSpec> = tensors
         .iter()
-        .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
+        .map(gradwire_train::ParamTensor::spec)
         .collect();
     let mut ranges = Vec::with_capacity(tensors.len());
     let mut at = 0;

@@ -42,5 +42,5 @@ pub use sync::{
     EngineConfig, EngineSync, GradientSync, MomentumConfig, Phase, PsConfig, PsSync, Rule,
     SyncStats, SyncStrategy,
 };
-pub use threads::{init_threads, num_threads, threads_per_worker, with_threads};
+pub use threads::{init_threads, num_threads, threads_per_worker};
 pub use trainer::{evaluate, EpochStats, EvalMode, StepInfo, TrainConfig, Trainer};

@@ -85,6 +85,11 @@ impl ParamTensor {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The engine's description of it (name, shape, role).
+    pub fn spec(&self) -> gradwire_engine::TensorSpec {
+        gradwire_engine::TensorSpec::new(self.name.clone(), self.shape.clone()).with_role(self.role)
+    }
 }
 
 /// Roles from where each tensor sits: a `weight` of a `Linear` is a linear weight, of a

@@ -72,10 +72,7 @@ impl EngineSync {
         steps_per_epoch: usize,
     ) -> Result<Self> {
         let (rank, world) = (transport.rank(), transport.world_size());
-        let specs: Vec<TensorSpec> = tensors
-            .iter()
-            .map(|t| TensorSpec::new(t.name.clone(), t.shape.clone()).with_role(t.role))
-            .collect();
+        let specs: Vec<TensorSpec> = tensors.iter().map(ParamTensor::spec).collect();
         let engine = Engine::start(transport, config, &specs)?;
         let mut ranges = Vec::with_capacity(tensors.len());
         let mut off = 0;
