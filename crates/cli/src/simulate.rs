@@ -63,6 +63,8 @@ pub const MAX_PASSES: usize = 100;
 pub const MIN_SECONDS: f64 = 0.5;
 /// Engine steps timed per codec by `--calibrate` (after [`WARMUP_PASSES`]).
 pub const ENGINE_STEPS: usize = MIN_PASSES;
+/// The codec spec of dense fp32 (no codec).
+const DENSE: &str = "none";
 /// Seconds per byte reduced when not calibrated (10 GB/s of f32 adds).
 pub const DEFAULT_GAMMA: f64 = 0.1e-9;
 
@@ -161,8 +163,8 @@ pub struct Inputs {
     /// Per codec, the factor the engine measurement applied to its codec costs (already in
     /// `codecs`).
     pub engine_factors: Vec<(String, f64)>,
-    /// With `--host-cores`: per worker count and codec, a whole step of that many ranks
-    /// measured together on this host without a link (the prediction adds the link's
+    /// With `--host-cores`: per worker count and codec (and dense, the speedup's baseline),
+    /// a whole step of that many ranks measured together on this host without a link (the prediction adds the link's
     /// communication to `step_s`, and reads `compute.slowest_s` as its compute).
     pub host_steps: Vec<crate::simulate_host::HostStep>,
 }
@@ -318,7 +320,10 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         for &workers in &args.workers {
             // As `gradwire train` sizes each worker: the host's cores divided among the ranks.
             let threads = gradwire_train::threads_per_worker(cores, workers);
-            for (spec, _) in &codecs {
+            // Dense too, as the speedup's baseline, if it is not among the codecs.
+            let dense = (!codecs.iter().any(|(s, _)| s == DENSE)).then_some(DENSE);
+            let specs = codecs.iter().map(|(s, _)| s.as_str()).chain(dense);
+            for spec in specs {
                 let h = crate::simulate_host::lockstep_step(args, spec, workers, cores)?;
                 eprintln!(
                     "measured: {workers} ranks of {spec} stepping at once on this host without \
@@ -335,21 +340,29 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     let mut rows = Vec::new();
     for (spec, net) in &networks {
         for &workers in &args.workers {
-            let scenario = Scenario {
+            let share = args
+                .host_cores
+                .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
+            // With --host-cores (and no --compute-ms): the step of this codec measured on
+            // this host, or none (a --compute-ms is taken as given, with the codec costs
+            // scaled to the ranks sharing the cores).
+            let host_of = |codec: &str| {
+                let cores = args.host_cores?;
+                host_steps
+                    .iter()
+                    .find(|h| h.workers == workers && h.codec == codec)
+                    .map(|h| MeasuredStep {
+                        cores,
+                        compute_s: h.compute.slowest_s,
+                        step_s: h.step_s,
+                    })
+            };
+            let at = |host| Scenario {
                 workers,
                 network: *net,
                 overlap: args.overlap,
                 fusion_bytes: args.fusion_bytes,
-                host: None,
-            };
-            let share = args
-                .host_cores
-                .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
-            // A --compute-ms is taken as given (e.g. measured in a run that shared the cores),
-            // with the codec costs scaled to the ranks sharing the cores.
-            let shared_model = ModelProfile {
-                compute_s: profile.compute_s,
-                ..profile.clone()
+                host,
             };
             for c in &codec_profiles {
                 let shared = CodecProfile {
@@ -357,17 +370,12 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
                     decode_s_per_elem: c.decode_s_per_elem * share,
                     ..c.clone()
                 };
-                // With --host-cores (and no --compute-ms) the step measured on this host.
-                let host = host_steps
-                    .iter()
-                    .find(|h| h.workers == workers && h.codec == c.spec)
-                    .map(|h| MeasuredStep {
-                        cores: args.host_cores.unwrap_or(workers),
-                        compute_s: h.compute.slowest_s,
-                        step_s: h.step_s,
-                    });
-                let scenario = Scenario { host, ..scenario };
-                let mut p = predict(&shared_model, &shared, &scenario)?;
+                let mut p = predict(&profile, &shared, &at(host_of(&c.spec)))?;
+                // On a shared host dense's own measured step is the speedup's baseline.
+                if let Some(h) = host_of(DENSE) {
+                    p.dense = step(&profile, &CodecProfile::dense(), &at(Some(h)))?;
+                    p.speedup = p.dense.step_s / p.step.step_s;
+                }
                 // Against one worker with the machine to itself.
                 p.efficiency = profile.compute_s / p.step.step_s;
                 rows.push((spec.clone(), workers, c.clone(), p));

@@ -641,6 +641,18 @@ fn simulate_on_a_shared_host_measures_a_step_of_rank_processes() {
             assert!(predicted > step, "{r} {h}");
         }
     }
+    // The speedup compares with dense's own measured step, not with dense's wire added to
+    // the codec's measured step.
+    let step_of = |codec| {
+        let r = results.iter().find(|r| r["codec"] == codec).unwrap();
+        r["step_s"].as_f64().unwrap()
+    };
+    let onebit = results.iter().find(|r| r["codec"] == "onebit").unwrap();
+    let speedup = onebit["speedup"].as_f64().unwrap();
+    assert!(
+        (speedup - step_of("none") / step_of("onebit")).abs() < 1e-9,
+        "{onebit}"
+    );
     // The ranks' own mode refuses to run outside the environment simulate gives them.
     let err = simulate_fails(&["--host-worker", "--host-cores", "2", "--codec", "none"]);
     assert!(err.contains("internal"), "{err}");
