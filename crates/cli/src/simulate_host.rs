@@ -159,32 +159,14 @@ pub fn host_worker(
         ..EngineConfig::default()
     };
     let (compute, step_s, mut t) = rank_steps(model, batch, t, &config)?;
-    let mut mine = step_s.to_le_bytes().to_vec();
-    for c in &compute {
-        mine.extend_from_slice(&c.to_le_bytes());
-    }
+    let mine = gradwire_sim::host::encode(step_s, &compute);
     let mut all = Vec::new();
     gradwire_collective::gather::all_gather_bytes(t.as_mut(), &mine, &mut all)
         .context("gathering the ranks' timings")?;
     if rank != 0 {
         return Ok(());
     }
-    let mut steps = Vec::with_capacity(workers);
-    let mut times = Vec::with_capacity(workers);
-    for (r, bytes) in all.iter().enumerate() {
-        if bytes.len() != mine.len() {
-            bail!(
-                "rank {r} sent {} bytes of timings, rank 0 {}",
-                bytes.len(),
-                mine.len()
-            );
-        }
-        let mut v = bytes
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunks")));
-        steps.push(v.next().unwrap_or(0.0));
-        times.push(v.collect::<Vec<f64>>());
-    }
+    let (steps, times) = gradwire_sim::host::decode(&all)?;
     let h = HostStep {
         workers,
         codec: String::new(),

@@ -11,11 +11,15 @@
 //!   communication and codec time of one step for a [`ModelProfile`] and a [`CodecProfile`],
 //!   hence the step time, the speedup over dense and the scaling efficiency.
 //!
+//! * [`host`]: the timings the ranks of a shared-host measurement send rank 0 (a wire format,
+//!   decoded as untrusted).
+//!
 //! Everything here is arithmetic on numbers the caller measured (`gradwire simulate
 //! --calibrate` measures them on this machine); nothing is timed in this crate. Units are
 //! seconds and bytes throughout.
 
 pub mod collective;
+pub mod host;
 pub mod network;
 pub mod predict;
 
