@@ -2,12 +2,12 @@
 """Ratio table of a `scripts/bench-openmpi.sh` folder: for each run, transport and P, the
 4 KiB latency (gradwire/Open MPI in us, and Open MPI's time over ours) and the bus bandwidth
 of the larger sizes (gradwire/Open MPI in GB/s, and ours over theirs). Above 1.0x: gradwire
-better. Rows marked "base" are an older gradwire binary of the same session (BASE= in
-bench-openmpi.sh) against the same Open MPI run. Then the transports issue's targets, checked
+better. Rows marked "base" are an older gradwire binary run alongside (BASE= in
+bench-openmpi.sh) against the same Open MPI run. Then the targets, checked
 on the gradwire rows: bus bandwidth at least 1.2x Open MPI's from 1 MiB up, 4 KiB latency at
 least 1.0x. Markdown on stdout.
 
-  scripts/bench-openmpi-table.py docs/bench-openmpi
+  scripts/bench-openmpi-table.py docs/results/allreduce-openmpi/tcp-shm-p2-p4
 """
 import glob
 import json

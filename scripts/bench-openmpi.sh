@@ -1,13 +1,13 @@
 #!/bin/bash
 # gradwire's all-reduce (tcp, shm) against Open MPI's (btl tcp,self and self,vader), in one
-# session, alternating ours and theirs: P = 2 and 4, 4KiB..64MiB, two runs; then the ratio
+# run of this script, alternating ours and theirs: P = 2 and 4, 4KiB..64MiB, two runs; then the ratio
 # table (scripts/bench-openmpi-table.py). Writes every JSON file into OUT.
 #
-#   G=target/release/gradwire OUT=docs/bench-openmpi scripts/bench-openmpi.sh
+#   G=target/release/gradwire OUT=docs/results/allreduce-openmpi/RUN scripts/bench-openmpi.sh
 #
 # G: the gradwire binary (`bench allreduce` is called on it). RUNS, PS, SIZES override the
 # defaults (2; "2 4"; 4KiB,64KiB,1MiB,16MiB,64MiB). BASE: optionally an older gradwire binary,
-# run right after G each time (base-*.json), so before/after ratios come from one session.
+# run right after G each time (base-*.json), so before/after ratios come from one run.
 set -u
 cd "$(dirname "$0")/.."
 G=${G:-target/release/gradwire}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Validates `gradwire simulate` against measured step times (docs/simulate.md).
+"""Validates `gradwire simulate` against measured step times (docs/results/cost-model).
 
 For each link, rank count and codec: one short `gradwire train` run (2 epochs of --steps
 steps; the second epoch is measured, so start-up and the first step's set-up are not), then
@@ -14,7 +14,7 @@ two predictions from `gradwire simulate --calibrate --host-cores CORES`:
 All of it --repeats times, the whole sweep once per repeat (so a slow spell of the machine
 touches every cell alike); a cell's measured time and predictions are the medians over the
 repeats. On this 2-core machine a single run of a CPU-bound cell at 8 ranks varied by up
-to 50% between sweeps (session 16).
+to 50% between sweeps (validation at `2bdd68f`, 2026-12-03).
 Prints a markdown table; writes every number to --out/validation.json.
 
 Usage: GRADWIRE_DATA=/work/main/data scripts/simulate-validate.py --gradwire PATH

@@ -20,11 +20,12 @@
 //! (1-bit SGD on the stripes) where no momentum is applied after aggregation. That is under
 //! AdaGrad, Seide et al.'s optimizer (-0.13 points on LeNet, the wide MLP's target reached in
 //! 3 seeds of 3), and under plain SGD (+0.11 points on LeNet, the wide MLP's target reached in
-//! 3 of 3): `docs/report-lenet-fashion-mnist/{adagrad,plain-sgd}`, `docs/time-to-accuracy.md`.
+//! 3 of 3): `docs/results/fidelity/lenet-fashion-mnist/{adagrad,plain-sgd}`,
+//! `docs/results/time-to-accuracy`.
 //! Under SGD with momentum after aggregation 1-bit SGD diverged on the wide MLP (17%), so it
-//! is not a candidate there. TernGrad (-0.80 on LeNet) was one until session 10: on the wide
-//! MLP it ended under that target (82.9% against 83.47%) while QSGD reached it, so `auto`
-//! picking it missed the target outright (`docs/time-to-accuracy.md`). `--auto-codecs` may
+//! is not a candidate there. TernGrad (-0.80 on LeNet) is not one either: on the wide MLP it
+//! ended under that target (82.9% against 83.47%) while QSGD reached it, so `auto` picking it
+//! missed the target outright (`docs/results/time-to-accuracy`). `--auto-codecs` may
 //! name it and the others in [`KNOWN`]. DGC is not a candidate: it owns the momentum (DGC's
 //! momentum correction), so mixed with codecs whose momentum the optimizer applies after
 //! aggregation, some tensors would get momentum twice.
@@ -84,25 +85,25 @@ pub fn default_candidates(optimizer: &OptimizerConfig) -> &'static str {
 /// bytes per element of one rank's contribution).
 ///
 /// `qsgd:bits=4` is measured where `auto` runs, four ranks sharing this machine's two cores
-/// (session 10): the idle wide-MLP run over loopback (`docs/report-mlp-links-s9-idle`,
+/// (measured 2026-12-02): the idle wide-MLP run over loopback (report committed at `1586056`,
 /// `mlp:hidden=1024x2`, 1,863,690 elements, 500 steps) spent 16.0 s in QSGD's
 /// synchronization, of which about 1.3 s moves its 1.4 MB per step at dense's measured
 /// loopback rate (9.8 s for 11.2 MB per step): 14.7 s / 500 / 1,863,690 = 1.58e-8 s per
 /// element for encoding and decoding on the stripe route, `e (1 + 1/P) + 2 d` at P = 4, split
 /// in the ratio of the single-process `bench codecs` throughputs (encode 3.25, decode 6.76
-/// GB/s). The single-process figures alone (session 9: 1.9e-9 and 1.05e-9) made QSGD win on
+/// GB/s). The single-process figures alone (1.9e-9 and 1.05e-9) made QSGD win on
 /// loopback, where it ran at 0.53x of dense's speed; the loaded figures before (4.9e-8 and
 /// 6.3e-9) made dense win at 1 Gbit/s, where QSGD ran at 1.63x of dense's speed.
 ///
-/// `onebit` is measured against QSGD in the same way and the same runs (session 14, idle,
-/// loopback, the same model, seeds 1 and 2, epochs 2 to 10): its synchronization less the
+/// `onebit` is measured against QSGD in the same way and the same runs (`470012b`, 2026-12-02,
+/// idle, loopback, the same model, seeds 1 and 2, epochs 2 to 10): its synchronization less the
 /// wire took 1.01 times QSGD's per element (7.76e-9 and 8.53e-9 s against 8.13e-9 and
-/// 7.97e-9; both codecs got faster since session 9, dense with them), so its total on the
+/// 7.97e-9; both codecs got faster since the run above, dense with them), so its total on the
 /// stripe route is set to 1.01 x the 1.59e-8 of QSGD's constants, split in the ratio of its
 /// `bench codecs` throughputs on this tensor size (encode 9.44, decode 18.10 GB/s). Over
-/// 1 Gbit/s the same comparison gives 1.5 times QSGD's (`docs/report-mlp-links-s13-*`);
+/// 1 Gbit/s the same comparison gives 1.5 times QSGD's (reports committed at `c3857e8`);
 /// `auto` keeps the loopback ratio, measured as QSGD's was. The other rows are
-/// single-process figures measured on the loaded machine (session 6).
+/// single-process figures measured on the loaded machine (2026-12-01).
 pub const KNOWN: [(&str, f64, f64, f64); 6] = [
     ("none", 0.0, 0.0, 4.0),
     ("fp16", 6.4e-9, 1.9e-8, 2.0),

@@ -8,20 +8,19 @@
 //! engine's planning and copies, the TCP stack, and the ranks' contention for the cores while
 //! they do it). A step's compute is, per pass, the slowest rank's.
 //!
-//! Why measured: a synchronous step waits for the last rank's gradient, and ranks that share
-//! cores contend for more than the cores (memory, caches). In session 16's validation, 8 ranks
-//! on 2 cores passed in 44-58 ms each, the slowest of each pass 49-65 ms, against 32 ms for one
-//! process's 8 ms scaled by `P / cores`; the scaled figure under-predicted every DGC and
-//! 1-bit SGD cell over 1 Gbit/s by 16-39%, the lockstep one came within 5% at 4 and 8 ranks
-//! there. Each rank computes with the threads `gradwire train` would give its worker
-//! process; on the one global pool, 2 ranks on 2 cores read up to twice the runs' compute
-//! (session 19, `docs/simulate.md`). Why the whole step (session 20): the codec costs
-//! measured with the machine to itself and multiplied by `P / cores` left out CPU work the
-//! runs do, and the runs' compute reads more than the compute-only lockstep's because the
-//! other ranks' codec work shares the cores with it: 8 ranks of 1-bit SGD without a link
-//! stepped in 121-146 ms against 103 ms predicted that way. Each pass is what the trainer
-//! counts as compute (forward, backward, an SGD-with-momentum update over every parameter,
-//! the parameters handed back to the model); every rank has its own model copy.
+//! Why measured: a synchronous step waits for the last rank's gradient, and ranks that share cores
+//! contend for more than the cores (memory, caches). In the validation at `2bdd68f` (2026-12-03), 8
+//! ranks on 2 cores passed in 44-58 ms each, the slowest of each pass 49-65 ms, against 32 ms for
+//! one process's 8 ms scaled by `P / cores`; the scaled figure under-predicted every DGC and 1-bit
+//! SGD cell over 1 Gbit/s by 16-39%, the lockstep one came within 5% at 4 and 8 ranks there. Each
+//! rank computes with the threads `gradwire train` would give its worker process; on the one global
+//! pool, 2 ranks on 2 cores read up to twice the runs' compute (validation at `910f55f`,
+//! 2026-12-04). Why the whole step (`feb217b`): the codec costs measured with the machine to itself
+//! and multiplied by `P / cores` left out CPU work the runs do, and the runs' compute reads more
+//! than the compute-only lockstep's because the other ranks' codec work shares the cores with it: 8
+//! ranks of 1-bit SGD without a link stepped in 121-146 ms against 103 ms predicted that way. Each
+//! pass is what the trainer counts as compute (forward, backward, an SGD-with-momentum update over
+//! every parameter, the parameters handed back to the model); every rank has its own model copy.
 
 use std::time::Instant;
 
@@ -97,7 +96,8 @@ pub struct HostStep {
 /// with `codec` over TCP on 127.0.0.1, no link emulation. The engine runs past any warm-up
 /// (DGC's sparsity schedule), as the codec measurements do. Processes, not threads: ranks as
 /// threads of one process read 15% more per step than the runs' processes at 4 ranks on 2
-/// cores (session 20), as their compute did on one shared thread pool (session 19).
+/// cores (measured at `feb217b`, 2026-12-04), as their compute did on one shared thread pool
+/// (validation at `513327c`).
 pub fn lockstep_step(
     args: &SimulateArgs,
     codec: &str,

@@ -46,7 +46,7 @@
 //! 2,400), fc2 (11 of 10,080) and fc1 (48 of 48,000). The report: -3.01 points against dense
 //! with the reference's split, -0.53 with `min_dense=1024` (conv1 and fc3 dense) at 11.7x;
 //! `min_dense=4096` (conv2 dense too) 87.85 / 88.60 / 87.67% on seeds 1 / 2 / 3 (mean 88.04,
-//! -0.41: within issue 10's dense - 0.5), at 4.2x in epoch 5 (the dense tensors travel as
+//! -0.41: within the target, dense - 0.5), at 4.2x in epoch 5 (the dense tensors travel as
 //! pairs through the sparse all-reduce). Both are named options, not the reference's rule.
 //!
 //! Wire layout: the shared sparse payload (as top-k), little-endian:

@@ -49,7 +49,7 @@
 //! CPU-bound (loopback moves bytes with the same cores that add them); re-measure on a real
 //! network, where the bandwidth-optimal algorithms should win earlier.
 //!
-//! ## Four ranks in four processes (2026-12-01, session 6)
+//! ## Four ranks in four processes (2026-12-01)
 //! The table above times threads of one process. With one process per rank (as `gradwire
 //! launch` and `gradwire bench allreduce` run them), on the same 2-core VM (loaded machine:
 //! load average 6-7, another helper compiling), `examples/allreduce_procs.rs`, bus GB/s,

@@ -19,9 +19,10 @@
 //!   arithmetic) spreads the chunks. `2 (P-1)` messages (segmented by `seg_bytes`), the
 //!   ring's bytes.
 //!
-//! Until session 8 the rank order held on every world (`P-1 + log2 P` messages on power-of-two
-//! worlds): one exchange more than the tree at `P = 4`, each coupling all ranks, which cost
-//! the engine its LeNet step against a flat Rabenseifner all-reduce on an oversubscribed host.
+//! Before the engine of `a0cafbd` (2026-12-02) the rank order held on every world (`P-1 + log2 P`
+//! messages on power-of-two worlds): one exchange more than the tree at `P = 4`, each coupling all
+//! ranks, which cost the engine its LeNet step against a flat Rabenseifner all-reduce on an
+//! oversubscribed host.
 //!
 //! [`hierarchical_mean`]: the same arithmetic when the job spans several hosts (see
 //! `hosts.rs`): rank order within each host over its local link, then host order across the

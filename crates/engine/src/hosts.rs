@@ -1,4 +1,4 @@
-//! Choosing the hierarchical dense path from where the ranks are (issue 12's Build 3): at
+//! Choosing the hierarchical dense path from where the ranks are: at
 //! start, every rank says its host ([`HostConfig::host`]); when the job spans several hosts
 //! and some host runs several ranks, the ranks of each host connect among themselves
 //! ([`LocalLink`]: shared memory, or a transport given by the caller) and dense tensors are

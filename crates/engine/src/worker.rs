@@ -48,23 +48,24 @@
 //! - **Idle ranks sleep** ([`idle_check_period`]) instead of polling every cycle; they only
 //!   matter to the others' stall inspector.
 //!
-//! Where LeNet's step time went, and what changed (session 8, `gradwire bench engine --np 4
-//! --cases lenet`, TCP, 4 processes on 2 cores, idle): the copies were the first cost. The
+//! Where LeNet's step time went, and what changed (`gradwire bench engine --np 4 --cases
+//! lenet`, TCP, 4 processes on 2 cores, idle, 2026-12-02): the copies were the first cost. The
 //! speculative round moved the batch about 5 times per step in user space (fuse, assemble
 //! each send, copy each received part out, all-gather a fusion buffer, unfuse) against flat's
 //! 2; it now moves a quarter of it (this rank's own part) and sends and receives the
 //! tensors' own pieces (vectored). The second was the schedule: the pairwise exchange's
 //! `P-1` steps, each coupling every rank, plus `log2 P` for the all-gather, against
 //! Rabenseifner's `2 log2 P`; on power-of-two worlds the round now follows recursive
-//! halving. Engine over flat went from 0.41-0.48x to 0.76-0.90x (idle, interleaved, three
-//! rounds each: `docs/bench-engine`). Session 9 removed per-step bookkeeping: a futex wake
-//! per completed handle (slots wake only sleepers), about 60 of 110 allocations (pending
+//! halving. Engine over flat went from 0.41-0.48x (`e8e5690`) to 0.76-0.90x (`a0cafbd`; idle,
+//! interleaved, three rounds each). The engine of `2656060` dropped per-step bookkeeping: a
+//! futex wake per completed handle (slots wake only sleepers), about 60 of 110 allocations (pending
 //! submissions by cache id, buffers kept between rounds), a zeroing and a copy of the chunk:
-//! 0.96-1.10x, with session 8's engine at 0.82-1.02x in the same runs; still not reliably at
-//! or above flat. Session 11 removed most of the rest (handle slots reused, vectors of slices
-//! kept, no clock reads without a timeline) and, the larger part, sums the tree round's first
-//! step where the partner's part arrived instead of into a third buffer: twelve idle rounds
-//! at a mean of 1.07x flat, session 10's engine at 0.97x in the same runs.
+//! 0.96-1.10x, with `a0cafbd`'s engine at 0.82-1.02x in the same runs; still not reliably at
+//! or above flat. `01138f3` and `38ac0c7` removed most of the rest (handle slots reused,
+//! vectors of slices kept, no clock reads without a timeline) and, the larger part, sum the
+//! tree round's first step where the partner's part arrived instead of into a third buffer:
+//! twelve idle rounds at a mean of 1.07x flat, `2c80c6e`'s engine at 0.97x in the same runs
+//! (`docs/results/engine`).
 //!
 //! All-gather rather than the AND all-reduce Horovod uses: it costs `(P-1)` bit-vectors per
 //! rank instead of `log2 P`, but gives each rank the others' submit times (stragglers) and
@@ -1078,7 +1079,7 @@ impl Worker {
     /// Copies: the parts go out straight from the submissions' buffers (one vectored send per
     /// step, header first: `wire::encode_exchange_header`), each peer's part is summed where
     /// it landed in that peer's receive buffer, and only this rank's own part is copied (into
-    /// `own_part`); nothing is fused (session 7's version fused the batch, assembled every
+    /// `own_part`); nothing is fused (the version of `e8e5690` fused the batch, assembled every
     /// send, copied each received part out, all-gathered the fusion buffer and unfused it:
     /// 5x the batch in copies per step, against 0.25x here, and flat's 2x).
     ///
@@ -1212,9 +1213,9 @@ impl Worker {
     /// pass straight into this rank's chunk of the submissions. Returns the part bytes sent
     /// then, else `None` (the submissions untouched).
     ///
-    /// Summing where the part arrived, rather than into a third buffer, is what brought the
-    /// engine level with flat on LeNet (session 11): the received part is warm from the
-    /// socket copy, and the adder reads two streams and writes one it just read, as flat's
+    /// Summing where the part arrived, rather than into a third buffer, is what brought the engine
+    /// level with flat on LeNet (`38ac0c7`, `docs/results/engine`): the received part is warm from
+    /// the socket copy, and the adder reads two streams and writes one it just read, as flat's
     /// in-place add does.
     fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         use gradwire_collective::chunks::span;

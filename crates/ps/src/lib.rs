@@ -28,7 +28,7 @@
 //! worker (plus one for heartbeats), deadlines through socket timeouts. Unit tests use the
 //! sans-IO [`Shard`] directly.
 //!
-//! # Not built: chain replication (optional in the issue)
+//! # Not built: chain replication
 //! Durability today is a checkpoint plus an optional fsynced WAL per shard: a restarted
 //! shard loses nothing acknowledged, but its chunks are unavailable until it is back.
 //! Chain replication with failover (van Renesse & Schneider 2004, as ps-lite's successors

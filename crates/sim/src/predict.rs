@@ -33,8 +33,9 @@
 //! rank's own); the rank's own share stays in line with its messages (it encodes before it
 //! sends and decodes after it receives). The compute hides nothing: every collective here is a
 //! chain of duplex steps, so the last rank to finish computing still sends and receives all
-//! of its messages after it (session 19 hid wire behind compute, and over-corrected once the
-//! compute was measured right: docs/simulate.md).
+//! of its messages after it (a model that hid wire behind compute, validated at `513327c` and
+//! `910f55f` on 2026-12-04, over-corrected once the compute was measured right:
+//! docs/results/cost-model).
 //!
 //! Scaling efficiency is weak scaling (fixed batch per worker, as Horovod reports it): the
 //! one-worker step time without any communication over the `P`-worker step time.

@@ -29,7 +29,7 @@
 //! on this machine's cores (world size at most the available parallelism), and not at all
 //! otherwise: a spinning rank holds off the peer it waits for whenever the two share a core.
 //! Measured (2-core VM, `scripts/bench-openmpi.sh`, 4 KiB all-reduce, Open MPI's time over
-//! ours, three runs each in one session): P = 2 idle, no spin 1.11x, 1.41x, 0.87x; 20 us
+//! ours, three runs each back to back, 2026-12-01): P = 2 idle, no spin 1.11x, 1.41x, 0.87x; 20 us
 //! 1.81x, 2.66x, 3.15x. P = 2 loaded (load average 10, `examples/allreduce_procs.rs`): 50 us
 //! took 4 KiB from 17-19 us to 11-127 us, which is why the default never spins when the
 //! ranks outnumber the cores (P = 4 here), and why `GRADWIRE_TCP_SPIN_US=0` turns it off.
