@@ -83,6 +83,47 @@ pub use terngrad::{TernGrad, TernGradConfig};
 pub use threshold::{Threshold, ThresholdConfig};
 pub use topk::{TopK, TopKConfig, TopKScope, TopKSelect};
 
+/// What an encoder that runs elsewhere (the GPU codecs of `gradwire-gpu`) needs to write
+/// byte-identical payloads: the sparse payload writer, the per-tensor `k`, the magnitude key
+/// and the uniform stream of the stochastic quantizers. Not for ordinary callers.
+#[doc(hidden)]
+pub mod external {
+    use crate::{CodecId, SparseGrad, ValueFormat};
+
+    /// Writes the sparse payload of top-k and DGC for `sel` (strictly increasing indices
+    /// `< n`) exactly as those codecs do, index coding chosen as they choose it.
+    pub fn write_sparse(
+        out: &mut Vec<u8>,
+        codec: CodecId,
+        n: usize,
+        sel: &SparseGrad,
+        vf: ValueFormat,
+    ) {
+        crate::sparse::write_sparse(out, codec, n, &sel.indices, &sel.values, vf, true)
+    }
+
+    /// `ceil(ratio * n)` clamped to `[1, n]`, as the sparsifiers compute `k`.
+    pub fn k_for(ratio: f64, n: usize) -> usize {
+        crate::sparse::k_for(ratio, n)
+    }
+
+    /// The magnitude key of `x` (its bits with the sign cleared).
+    pub fn key(x: f32) -> u32 {
+        crate::sparse::key(x)
+    }
+
+    /// The uniform in `[0, 1)` the stochastic quantizers draw for element `i` under `key`.
+    pub fn uniform(key: u32, i: u32) -> f32 {
+        crate::rng::uniform(key, i)
+    }
+
+    /// The QSGD buckets of a gradient of `n` elements over `layout` (runs of `d` inside each
+    /// tensor).
+    pub fn qsgd_buckets(layout: &[usize], n: usize, d: usize) -> Vec<std::ops::Range<usize>> {
+        crate::qsgd::buckets(layout, n, d)
+    }
+}
+
 /// Where a codec runs: enough to seed its RNG and know its tensors' boundaries, shapes and
 /// roles.
 ///
