@@ -35,10 +35,29 @@ pub const KERNELS: &[&str] = &[
     "gw_dgc_momentum",
     "gw_dgc_dense",
     "gw_gather_keys",
-    "gw_compact",
+    "gw_tile_counts",
+    "gw_scan_counts",
+    "gw_compact_ordered",
     "gw_zero_at",
     "gw_fill_pattern",
+    // The MLP's (mlp.rs), which use expf/logf and need no bit-exactness:
+    "gw_bias_act",
+    "gw_softmax_xent",
+    "gw_colsum",
+    "gw_relu_back",
+    "gw_scatter_sgd",
+    "gw_dense_sgd",
+    "gw_gather_rows",
 ];
+
+/// The kernels that must reproduce the CPU codecs bit for bit: every kernel before the MLP's.
+pub fn exact_kernels() -> &'static [&'static str] {
+    let end = KERNELS
+        .iter()
+        .position(|k| *k == "gw_bias_act")
+        .unwrap_or(KERNELS.len());
+    &KERNELS[..end]
+}
 
 /// NVRTC options: exact IEEE arithmetic as the CPU codecs do it (see the module doc), plus
 /// the device's architecture when known (`compute_90` on Hopper).
@@ -426,30 +445,79 @@ extern "C" __global__ void gw_gather_keys(const float* __restrict__ v, const u32
     GW_FOR(j, (u64)npos) { keys[j] = gw_key(v[pos[j]]); }
 }
 
-/* The candidates above a key threshold, in no particular order: count[0] counts them all,
-   the first cap are written (index, value). A warp claims its slots with one atomic. */
-extern "C" __global__ void gw_compact(const float* __restrict__ v, u64 n, u32 thr, u32* __restrict__ count, u32 cap,
-                                      u32* __restrict__ idx, float* __restrict__ val) {
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 base = blockIdx.x * (u64)blockDim.x;
-    for (; base < n; base += stride) {
-        u64 i = base + threadIdx.x;
+/* Ordered compaction, pass 1: hits above thr per tile of GW_TILE elements (one block of 256
+   threads per tile). */
+#define GW_TILE 4096u
+extern "C" __global__ void gw_tile_counts(const float* __restrict__ v, u64 n, u32 thr, u32* __restrict__ counts) {
+    __shared__ u32 sh[8];
+    u64 base = (u64)blockIdx.x * GW_TILE;
+    u32 c = 0u;
+    for (u32 k = threadIdx.x; k < GW_TILE; k += blockDim.x) {
+        u64 i = base + k;
+        if (i < n && gw_key(v[i]) > thr) c += 1u;
+    }
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_down_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31u) == 0u) sh[threadIdx.x / 32u] = c;
+    __syncthreads();
+    if (threadIdx.x == 0u) {
+        u32 t = 0u;
+        for (u32 w = 0; w < blockDim.x / 32u; ++w) t += sh[w];
+        counts[blockIdx.x] = t;
+    }
+}
+
+/* Pass 2: exclusive prefix sums of the tile counts (one block of 1024 threads), the total in
+   total[0]. */
+extern "C" __global__ void gw_scan_counts(const u32* __restrict__ counts, u32 ntiles, u32* __restrict__ offsets,
+                                          u32* __restrict__ total) {
+    __shared__ u32 sh[1024];
+    u32 t = threadIdx.x;
+    u32 per = (ntiles + blockDim.x - 1u) / blockDim.x;
+    u32 a = t * per, e = a + per < ntiles ? a + per : ntiles;
+    u32 local = 0u;
+    for (u32 i = a; i < e; ++i) local += counts[i];
+    sh[t] = local;
+    __syncthreads();
+    for (u32 o = 1; o < blockDim.x; o <<= 1) {
+        u32 x = t >= o ? sh[t - o] : 0u;
+        __syncthreads();
+        sh[t] += x;
+        __syncthreads();
+    }
+    u32 run = sh[t] - local;
+    for (u32 i = a; i < e; ++i) { offsets[i] = run; run += counts[i]; }
+    if (t == blockDim.x - 1u) total[0] = sh[t];
+}
+
+/* Pass 3: each tile writes its hits, in index order, from its offset (the first cap overall). */
+extern "C" __global__ void gw_compact_ordered(const float* __restrict__ v, u64 n, u32 thr,
+                                              const u32* __restrict__ offsets, u32 cap,
+                                              u32* __restrict__ idx, float* __restrict__ val) {
+    __shared__ u32 warp_tot[8];
+    u64 base = (u64)blockIdx.x * GW_TILE;
+    u32 run = offsets[blockIdx.x];
+    u32 lane = threadIdx.x & 31u, warp = threadIdx.x / 32u;
+    for (u32 k = 0; k < GW_TILE; k += blockDim.x) {
+        u64 i = base + k + threadIdx.x;
         float x = i < n ? v[i] : 0.0f;
         bool hit = i < n && gw_key(x) > thr;
         unsigned ballot = __ballot_sync(0xffffffffu, hit);
-        if (ballot == 0u) continue;
-        u32 lane = threadIdx.x & 31u;
-        u32 leader = __ffs(ballot) - 1u;
-        u32 slot0 = 0u;
-        if (lane == leader) slot0 = atomicAdd(count, (u32)__popc(ballot));
-        slot0 = __shfl_sync(0xffffffffu, slot0, leader);
+        if (lane == 0u) warp_tot[warp] = __popc(ballot);
+        __syncthreads();
+        u32 before = 0u, all = 0u;
+        for (u32 w = 0; w < blockDim.x / 32u; ++w) {
+            if (w < warp) before += warp_tot[w];
+            all += warp_tot[w];
+        }
         if (hit) {
-            u32 slot = slot0 + __popc(ballot & ((1u << lane) - 1u));
+            u32 slot = run + before + __popc(ballot & ((1u << lane) - 1u));
             if (slot < cap) {
                 idx[slot] = (u32)i;
                 val[slot] = x;
             }
         }
+        run += all;
+        __syncthreads();
     }
 }
 
@@ -465,6 +533,75 @@ extern "C" __global__ void gw_zero_at(float* __restrict__ u, float* __restrict__
 /* Test data: x[i] = ((i * 7 + rank * 13) mod 101) - 50, small integers whose sums are exact. */
 extern "C" __global__ void gw_fill_pattern(float* __restrict__ x, u64 n, u32 rank) {
     GW_FOR(i, n) { x[i] = (float)((u32)((i * 7u + (u64)rank * 13u) % 101u)) - 50.0f; }
+}
+
+/* ---- the GPU MLP of mlp.rs (row-major [rows, cols] activations) ---- */
+
+/* z = z + b per column, then ReLU when relu != 0. */
+extern "C" __global__ void gw_bias_act(float* __restrict__ z, const float* __restrict__ b, u32 rows, u32 cols, int relu) {
+    GW_FOR(i, (u64)rows * cols) {
+        float v = z[i] + b[i % cols];
+        z[i] = (relu && v < 0.0f) ? 0.0f : v;
+    }
+}
+
+/* Softmax cross-entropy per row: dz = (softmax(z) - onehot(label)) / rows; the summed loss and
+   the count of correct argmaxes are added to stats[0] and stats[1]. */
+extern "C" __global__ void gw_softmax_xent(const float* __restrict__ z, const u32* __restrict__ labels, u32 rows, u32 cols,
+                                           float* __restrict__ dz, float* __restrict__ stats) {
+    GW_FOR(r, (u64)rows) {
+        const float* zr = z + r * cols;
+        float m = zr[0];
+        u32 arg = 0u;
+        for (u32 c = 1; c < cols; ++c) if (zr[c] > m) { m = zr[c]; arg = c; }
+        float s = 0.0f;
+        for (u32 c = 0; c < cols; ++c) s += expf(zr[c] - m);
+        u32 y = labels[r];
+        atomicAdd(&stats[0], logf(s) - (zr[y] - m));
+        if (arg == y) atomicAdd(&stats[1], 1.0f);
+        if (dz) {
+            for (u32 c = 0; c < cols; ++c) {
+                float p = expf(zr[c] - m) / s;
+                dz[r * cols + c] = (p - (c == y ? 1.0f : 0.0f)) / (float)rows;
+            }
+        }
+    }
+}
+
+/* out[c] = sum over rows of d[r, c] (bias gradients). */
+extern "C" __global__ void gw_colsum(const float* __restrict__ d, u32 rows, u32 cols, float* __restrict__ out) {
+    GW_FOR(c, (u64)cols) {
+        float s = 0.0f;
+        for (u32 r = 0; r < rows; ++r) s += d[(u64)r * cols + c];
+        out[c] = s;
+    }
+}
+
+/* da = 0 where the ReLU output a was 0. */
+extern "C" __global__ void gw_relu_back(float* __restrict__ da, const float* __restrict__ a, u64 n) {
+    GW_FOR(i, n) { if (a[i] <= 0.0f) da[i] = 0.0f; }
+}
+
+/* The SGD step from a sparse sum: p[idx] -= scale * val. */
+extern "C" __global__ void gw_scatter_sgd(float* __restrict__ p, const u32* __restrict__ idx, const float* __restrict__ val,
+                                          u32 k, float scale) {
+    GW_FOR(j, (u64)k) { p[idx[j]] -= scale * val[j]; }
+}
+
+/* The SGD step from a dense sum: p -= scale * g. */
+extern "C" __global__ void gw_dense_sgd(float* __restrict__ p, const float* __restrict__ g, u64 n, float scale) {
+    GW_FOR(i, n) { p[i] -= scale * g[i]; }
+}
+
+/* dst[r, :] = src[idx[r], :] (a batch of images), labels likewise. */
+extern "C" __global__ void gw_gather_rows(const float* __restrict__ src, const u32* __restrict__ src_labels,
+                                          const u32* __restrict__ idx, u32 rows, u32 cols,
+                                          float* __restrict__ dst, u32* __restrict__ labels) {
+    GW_FOR(i, (u64)rows * cols) {
+        u32 r = (u32)(i / cols), c = (u32)(i % cols);
+        dst[i] = src[(u64)idx[r] * cols + c];
+        if (c == 0u) labels[r] = src_labels[idx[r]];
+    }
 }
 "#;
 

@@ -43,5 +43,7 @@ pub mod allreduce;
 pub mod codec;
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod mlp;
 
 pub use error::{Error, Result};

@@ -8,9 +8,11 @@
 //!    same `(seed, rank, step)` stream), their keys gathered on the device and brought to
 //!    the host (0.1-1% of the tensor), the threshold an order statistic with the CPU codec's
 //!    margin;
-//! 3. `gw_compact`: the candidates above it, compacted on the device with one atomic per
-//!    warp, brought to the host (a little more than k pairs); if fewer than k came out the
-//!    threshold is lowered as the CPU codec lowers it;
+//! 3. the candidates above it, compacted on the device in index order (`gw_tile_counts`,
+//!    `gw_scan_counts`, `gw_compact_ordered`: counts per 4096-element tile, their prefix
+//!    sums, each tile's hits written from its offset), brought to the host (a little more
+//!    than k pairs); if fewer than k came out the threshold is lowered as the CPU codec
+//!    lowers it;
 //! 4. the exact cut to the k largest on the host, ties to the lowest index, as the CPU codec;
 //! 5. `gw_zero_at`: momentum factor masking at the k sent indices, on the device.
 //!
@@ -30,7 +32,7 @@ use gradwire_codec::{
 use rand::Rng;
 
 use super::{check_len, DeviceCodec};
-use crate::device::{elementwise, Device};
+use crate::device::{blocks, elementwise, Device};
 use crate::error::{Error, Result};
 
 /// Below this many elements selection skips sampling (the CPU codec's constant).
@@ -39,6 +41,8 @@ const SMALL_N: usize = 1 << 14;
 const SAMPLE_RUN: usize = 16;
 /// Most samples per tensor.
 const MAX_SAMPLES: usize = 1 << 18;
+/// Elements per tile of the ordered compaction (`GW_TILE` in the kernels).
+const TILE: usize = 4096;
 
 /// The sampled threshold: the CPU codec's `ThresholdEstimate`, over keys gathered on the
 /// device.
@@ -114,27 +118,34 @@ impl Estimate {
     }
 }
 
-/// The `k` largest keys of `cand` (local index, value), in index order; ties at the k-th key
-/// go to the lowest indices (the CPU codec's `cut_to_k`).
+/// Cuts `cand` (local index, value), in increasing index order, to the `k` largest keys,
+/// keeping that order; ties at the k-th key go to the lowest indices (the CPU codec's
+/// `cut_to_k`).
 fn cut_to_k(cand: &mut Vec<(u32, f32)>, k: usize) {
-    if cand.len() > k {
-        if k == 0 {
-            cand.clear();
-            return;
-        }
-        let mut keys: Vec<u32> = cand.iter().map(|c| key(c.1)).collect();
-        let pos = keys.len() - k;
-        keys.select_nth_unstable(pos);
-        let tk = keys[pos];
-        let above = keys[pos + 1..].iter().filter(|&&v| v > tk).count();
-        let ties = k - above;
-        let mut eq: Vec<(u32, f32)> = cand.iter().copied().filter(|c| key(c.1) == tk).collect();
-        eq.sort_unstable_by_key(|c| c.0);
-        eq.truncate(ties);
-        cand.retain(|c| key(c.1) > tk);
-        cand.extend(eq);
+    if cand.len() <= k {
+        return;
     }
-    cand.sort_unstable_by_key(|c| c.0);
+    if k == 0 {
+        cand.clear();
+        return;
+    }
+    let mut keys: Vec<u32> = cand.iter().map(|c| key(c.1)).collect();
+    let pos = keys.len() - k;
+    keys.select_nth_unstable(pos);
+    let tk = keys[pos];
+    let above = keys[pos + 1..].iter().filter(|&&v| v > tk).count();
+    let mut ties = k - above;
+    cand.retain(|c| {
+        let kk = key(c.1);
+        if kk > tk {
+            true
+        } else if kk == tk && ties > 0 {
+            ties -= 1;
+            true
+        } else {
+            false
+        }
+    });
 }
 
 /// DGC on the device: momentum `u` and velocity `v` live there.
@@ -152,11 +163,14 @@ pub struct DeviceDgc {
     pos: CudaSlice<u32>,
     keys: CudaSlice<u32>,
     count: CudaSlice<u32>,
+    tile_counts: CudaSlice<u32>,
+    tile_offsets: CudaSlice<u32>,
     cand_idx: CudaSlice<u32>,
     cand_val: CudaSlice<f32>,
     cap: usize,
     est: Estimate,
     sel: SparseGrad,
+    host_bytes: usize,
 }
 
 impl DeviceDgc {
@@ -204,6 +218,12 @@ impl DeviceDgc {
             .max()
             .unwrap_or(0);
         let cap = 4096;
+        let tiles = tensors
+            .iter()
+            .map(|t| t.0.len().div_ceil(TILE))
+            .max()
+            .unwrap_or(0)
+            .max(1);
         Ok(DeviceDgc {
             dev: dev.clone(),
             stream: stream.clone(),
@@ -217,12 +237,15 @@ impl DeviceDgc {
             pos: stream.alloc_zeros::<u32>(MAX_SAMPLES + SAMPLE_RUN)?,
             keys: stream.alloc_zeros::<u32>(MAX_SAMPLES + SAMPLE_RUN)?,
             count: stream.alloc_zeros::<u32>(1)?,
+            tile_counts: stream.alloc_zeros::<u32>(tiles)?,
+            tile_offsets: stream.alloc_zeros::<u32>(tiles)?,
             cand_idx: stream.alloc_zeros::<u32>(cap)?,
             cand_val: stream.alloc_zeros::<f32>(cap)?,
             cap,
             tensors,
             est: Estimate::default(),
             sel: SparseGrad::default(),
+            host_bytes: 0,
         })
     }
 
@@ -234,23 +257,43 @@ impl DeviceDgc {
         ))
     }
 
+    /// Bytes the last selection copied from the device to the host (samples, counts,
+    /// candidates, dense tensors): what "the gradient never leaves the device" is measured by.
+    pub fn last_host_bytes(&self) -> usize {
+        self.host_bytes
+    }
+
     /// The candidates of tensor `seg` whose key exceeds `thr` (count, and the first `cap`).
     fn compact(&mut self, seg: &Range<usize>, thr: u32) -> Result<usize> {
         let len = seg.len() as u64;
-        self.stream.memset_zeros(&mut self.count)?;
+        let tiles = seg.len().div_ceil(TILE) as u32;
         let v = self.v.slice(seg.clone());
+        let mut b = self.stream.launch_builder(self.dev.func("gw_tile_counts"));
+        b.arg(&v).arg(&len).arg(&thr).arg(&mut self.tile_counts);
+        // SAFETY: one block per tile of len floats; tiles counts out.
+        unsafe { b.launch(blocks(tiles as usize, 256)) }?;
+        let mut b = self.stream.launch_builder(self.dev.func("gw_scan_counts"));
+        b.arg(&self.tile_counts)
+            .arg(&tiles)
+            .arg(&mut self.tile_offsets)
+            .arg(&mut self.count);
+        // SAFETY: tiles counts in, tiles offsets and one total out.
+        unsafe { b.launch(blocks(1, 1024)) }?;
         let cap = self.cap as u32;
-        let mut b = self.stream.launch_builder(self.dev.func("gw_compact"));
+        let mut b = self
+            .stream
+            .launch_builder(self.dev.func("gw_compact_ordered"));
         b.arg(&v)
             .arg(&len)
             .arg(&thr)
-            .arg(&mut self.count)
+            .arg(&self.tile_offsets)
             .arg(&cap)
             .arg(&mut self.cand_idx)
             .arg(&mut self.cand_val);
-        // SAFETY: len floats of v; at most cap slots written.
-        unsafe { b.launch(elementwise(len)) }?;
+        // SAFETY: one block per tile; at most cap slots written.
+        unsafe { b.launch(blocks(tiles as usize, 256)) }?;
         let c = self.stream.clone_dtoh(&self.count)?;
+        self.host_bytes += 4;
         Ok(c[0] as usize)
     }
 
@@ -258,6 +301,7 @@ impl DeviceDgc {
     pub fn select(&mut self, grad: &CudaView<'_, f32>, out: &mut SparseGrad) -> Result<()> {
         check_len(self.n, grad)?;
         out.clear();
+        self.host_bytes = 0;
         let ratio = self.cfg.ratio_at(self.epoch);
         let mut rng = self.rng.next_stream();
         let m = self.cfg.momentum as f32;
@@ -284,6 +328,7 @@ impl DeviceDgc {
                 // SAFETY: len floats of each.
                 unsafe { b.launch(elementwise(n64)) }?;
                 let vals = self.stream.clone_dtoh(&self.dense.slice(..len))?;
+                self.host_bytes += 4 * len;
                 out.indices.extend((0..len as u32).map(|i| base + i));
                 out.values.extend_from_slice(&vals);
                 continue;
@@ -314,6 +359,7 @@ impl DeviceDgc {
                 // SAFETY: np positions inside the tensor, np keys out.
                 unsafe { b.launch(elementwise(np as u64)) }?;
                 let keys = self.stream.clone_dtoh(&self.keys.slice(..np))?;
+                self.host_bytes += 4 * np;
                 thr = self.est.first(keys);
             }
             let count = loop {
@@ -335,6 +381,7 @@ impl DeviceDgc {
             let mut cand: Vec<(u32, f32)> = if count > 0 {
                 let idx = self.stream.clone_dtoh(&self.cand_idx.slice(..count))?;
                 let val = self.stream.clone_dtoh(&self.cand_val.slice(..count))?;
+                self.host_bytes += 8 * count;
                 idx.into_iter().zip(val).collect()
             } else {
                 Vec::new()
@@ -389,12 +436,15 @@ mod tests {
 
     #[test]
     fn the_cut_keeps_the_k_largest_with_ties_to_the_lowest_index() {
-        let mut c = vec![(9, 1.0), (2, -3.0), (5, 2.0), (7, -2.0), (1, 0.5), (3, 2.0)];
+        let mut c = vec![(1, 0.5), (2, -3.0), (3, 2.0), (5, 2.0), (7, -2.0), (9, 1.0)];
         cut_to_k(&mut c, 3);
         assert_eq!(c, vec![(2, -3.0), (3, 2.0), (5, 2.0)]);
-        let mut c = vec![(4, 1.0), (1, 1.0)];
+        let mut c = vec![(1, 1.0), (4, 1.0)];
         cut_to_k(&mut c, 5);
         assert_eq!(c, vec![(1, 1.0), (4, 1.0)]);
+        let mut c = vec![(0, 2.0), (3, -1.0), (4, 1.0), (6, 1.0), (8, -1.0)];
+        cut_to_k(&mut c, 3);
+        assert_eq!(c, vec![(0, 2.0), (3, -1.0), (4, 1.0)]);
     }
 
     #[test]

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, PushKernelArg};
-use gradwire_codec::{CodecId, Header, HEADER_LEN};
+use cudarc::driver::{CudaStream, CudaView, PushKernelArg};
+use gradwire_codec::CodecId;
 
-use super::{check_len, DeviceCodec};
+use super::{check_len, Body, DeviceCodec};
 use crate::device::{elementwise, Device};
 use crate::error::Result;
 
@@ -15,8 +15,7 @@ pub struct DeviceFp16 {
     dev: Device,
     stream: Arc<CudaStream>,
     n: usize,
-    half: CudaSlice<u16>,
-    host: Vec<u16>,
+    body: Body<u16>,
 }
 
 impl DeviceFp16 {
@@ -26,8 +25,7 @@ impl DeviceFp16 {
             dev: dev.clone(),
             stream: stream.clone(),
             n,
-            half: stream.alloc_zeros::<u16>(n.max(1))?,
-            host: vec![0; n],
+            body: Body::new(stream, n)?,
         })
     }
 }
@@ -42,18 +40,10 @@ impl DeviceCodec for DeviceFp16 {
         let n = self.n as u64;
         if n > 0 {
             let mut b = self.stream.launch_builder(self.dev.func("gw_fp16"));
-            b.arg(grad).arg(&mut self.half).arg(&n);
-            // SAFETY: the kernel reads n floats of grad and writes n halves of self.half.
+            b.arg(grad).arg(&mut self.body.dev).arg(&n);
+            // SAFETY: the kernel reads n floats of grad and writes n halves of the body.
             unsafe { b.launch(elementwise(n)) }?;
-            self.stream
-                .memcpy_dtoh(&self.half.slice(..self.n), &mut self.host[..])?;
         }
-        Header::write(out, CodecId::Fp16, self.n);
-        out.reserve(self.n * 2);
-        for h in &self.host {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
-        debug_assert_eq!(out.len(), HEADER_LEN + 2 * self.n);
-        Ok(())
+        self.body.finish(&self.stream, CodecId::Fp16, self.n, out)
     }
 }

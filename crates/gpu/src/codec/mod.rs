@@ -25,7 +25,9 @@ pub mod terngrad;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+};
 use gradwire_codec::{BuildContext, CodecConfig, CodecId, Header, Progress, HEADER_LEN};
 
 use crate::device::Device;
@@ -75,21 +77,30 @@ pub fn build(
     })
 }
 
-/// The payload body on the device and its host copy.
-pub(crate) struct Body {
-    pub(crate) dev: CudaSlice<u32>,
-    host: Vec<u32>,
+/// The payload body on the device and its pinned host copy.
+pub(crate) struct Body<T = u32> {
+    pub(crate) dev: CudaSlice<T>,
+    host: Option<PinnedHostSlice<T>>,
+    len: usize,
 }
 
-impl Body {
-    pub(crate) fn new(stream: &Arc<CudaStream>, words: usize) -> Result<Body> {
+impl<T: DeviceRepr + ValidAsZeroBits + bytemuck::Pod> Body<T> {
+    pub(crate) fn new(stream: &Arc<CudaStream>, len: usize) -> Result<Body<T>> {
+        let host = if len > 0 {
+            // SAFETY: written by the copy down before it is read.
+            Some(unsafe { stream.context().alloc_pinned_with_flags::<T>(len, 0) }?)
+        } else {
+            None
+        };
         Ok(Body {
-            dev: stream.alloc_zeros::<u32>(words.max(1))?,
-            host: vec![0; words],
+            dev: stream.alloc_zeros::<T>(len.max(1))?,
+            host,
+            len,
         })
     }
 
-    /// Copies the body to the host (waits for the stream) and writes header + body to `out`.
+    /// Copies the body to pinned host memory (waits for the stream) and writes header + body
+    /// to `out` (little-endian words: the hosts this runs on are little-endian).
     pub(crate) fn finish(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -97,16 +108,13 @@ impl Body {
         n: usize,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let words = self.host.len();
-        if words > 0 {
-            stream.memcpy_dtoh(&self.dev.slice(..words), &mut self.host[..])?;
-        }
         Header::write(out, codec, n);
-        out.reserve(words * 4);
-        for w in &self.host {
-            out.extend_from_slice(&w.to_le_bytes());
+        if let Some(host) = &mut self.host {
+            stream.memcpy_dtoh(&self.dev.slice(..self.len), host)?;
+            let words = host.as_slice()?;
+            out.extend_from_slice(bytemuck::cast_slice(words));
         }
-        debug_assert_eq!(out.len(), HEADER_LEN + words * 4);
+        debug_assert_eq!(out.len(), HEADER_LEN + self.len * std::mem::size_of::<T>());
         Ok(())
     }
 }

@@ -8,10 +8,12 @@
 //!    `g25m.f32`, `g100m.f32` that the torch comparison used);
 //! 3. the host-transfer all-reduce between rank threads sharing the GPU, over TCP and shared
 //!    memory, pipelined and not, checked against the exact reference sum, with its time
-//!    split.
+//!    split;
+//! 4. training on the GPU with DGC (`--fashion-mnist DIR`): 2 ranks, an MLP, the sparse
+//!    all-reduce, test accuracy per epoch.
 //!
 //! ```text
-//! gradwire-gpu-check [--quick] [--data DIR] [--out FILE]
+//! gradwire-gpu-check [--quick] [--data DIR] [--fashion-mnist DIR] [--only codecs,bench,allreduce,train] [--out FILE]
 //! ```
 
 use std::sync::Arc;
@@ -25,7 +27,9 @@ use gradwire_gpu::codec;
 use gradwire_gpu::device::{pattern, Device};
 use serde_json::{json, Value};
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
+mod train;
+
+pub(crate) type R<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn grad(n: usize, step: u32) -> Vec<f32> {
     let k1 = 0x1234_5678 ^ step.wrapping_mul(0x9E37_79B9);
@@ -400,6 +404,12 @@ fn main() {
     if wants("allreduce") {
         report["allreduce"] =
             allreduce(&dev, quick).unwrap_or_else(|e| json!({"error": e.to_string()}));
+    }
+    if wants("train") {
+        if let Some(dir) = opt("--fashion-mnist") {
+            report["train"] = train::train(&dev, std::path::Path::new(&dir), quick)
+                .unwrap_or_else(|e| json!({"error": e.to_string()}));
+        }
     }
     let text = serde_json::to_string_pretty(&report).expect("json");
     match out {

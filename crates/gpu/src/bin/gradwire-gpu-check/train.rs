@@ -1,0 +1,164 @@
+//! Data-parallel training on the GPU with DGC: rank threads sharing the device, each with its
+//! own MLP replica ([`gradwire_gpu::mlp::Mlp`]) and device DGC
+//! ([`gradwire_gpu::codec::dgc::DeviceDgc`]); the selected pairs are summed by the sparse
+//! all-reduce over TCP on loopback and applied on the device. The gradient itself never comes
+//! to the host: the bytes each selection copies down are counted and reported.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use gradwire_codec::{BuildContext, CodecConfig, Progress, SparseGrad};
+use gradwire_collective::compressed::{SparseAllReduce, SparseSum as Sum};
+use gradwire_gpu::codec::dgc::DeviceDgc;
+use gradwire_gpu::codec::DeviceCodec;
+use gradwire_gpu::device::Device;
+use gradwire_gpu::mlp::{gather_batch, Mlp, MlpShape};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::{json, Value};
+
+use crate::R;
+
+/// An IDX file (gzip): its dimensions and bytes.
+fn idx(path: &Path) -> R<(Vec<usize>, Vec<u8>)> {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path)?).read_to_end(&mut raw)?;
+    if raw.len() < 4 || raw[0] != 0 || raw[1] != 0 || raw[2] != 8 {
+        return Err(format!("{}: not an unsigned-byte IDX file", path.display()).into());
+    }
+    let nd = raw[3] as usize;
+    let head = 4 + 4 * nd;
+    let dims: Vec<usize> = (0..nd)
+        .map(|d| u32::from_be_bytes(raw[4 + 4 * d..8 + 4 * d].try_into().unwrap()) as usize)
+        .collect();
+    if raw.len() != head + dims.iter().product::<usize>() {
+        return Err(format!("{}: length does not match its dimensions", path.display()).into());
+    }
+    Ok((dims, raw[head..].to_vec()))
+}
+
+/// Images scaled to [0, 1] and standardized with Fashion-MNIST's mean and deviation.
+fn images(dir: &Path, name: &str) -> R<(Vec<f32>, Vec<u32>, usize)> {
+    let (d, px) = idx(&dir.join(format!("{name}-images-idx3-ubyte.gz")))?;
+    let (_, lb) = idx(&dir.join(format!("{name}-labels-idx1-ubyte.gz")))?;
+    let x = px
+        .iter()
+        .map(|&p| (p as f32 / 255.0 - 0.2860) / 0.3530)
+        .collect();
+    Ok((x, lb.iter().map(|&l| l as u32).collect(), d[0]))
+}
+
+pub fn train(dev: &Device, data: &Path, quick: bool) -> R<Value> {
+    let world = 2usize;
+    let (epochs, batch, lr) = (if quick { 1 } else { 3 }, 64usize, 0.05f32);
+    let spec = "dgc:ratio=0.001,warmup_epochs=1";
+    let shape = MlpShape {
+        inputs: 784,
+        hidden: 1024,
+        classes: 10,
+    };
+    let (xtr, ytr, ntr) = images(data, "train")?;
+    let (xte, yte, nte) = images(data, "t10k")?;
+    let ntr = if quick { ntr.min(8192) } else { ntr };
+    let transports = gradwire_transport::tcp::loopback_world(world)?;
+    let handles: Vec<_> = transports
+        .into_iter()
+        .enumerate()
+        .map(|(rank, mut t)| {
+            let dev = dev.clone();
+            let (xtr, ytr, xte, yte) = (xtr.clone(), ytr.clone(), xte.clone(), yte.clone());
+            std::thread::spawn(move || -> Result<Vec<Value>, String> {
+                let mut run = || -> R<Vec<Value>> {
+                    let stream = dev.new_stream()?;
+                    let xs = stream.clone_htod(&xtr)?;
+                    let ys = stream.clone_htod(&ytr)?;
+                    let xt = stream.clone_htod(&xte)?;
+                    let yt = stream.clone_htod(&yte)?;
+                    let mut model = Mlp::new(&dev, &stream, shape, batch, 1)?;
+                    let n = shape.params();
+                    let cfg: CodecConfig = spec.parse()?;
+                    let CodecConfig::Dgc(dgc_cfg) = cfg else { unreachable!() };
+                    let ctx = BuildContext::new(1, rank, world, vec![]).with_tensors(shape.tensors());
+                    let mut dgc = DeviceDgc::new(&dev, &stream, &dgc_cfg, &ctx, n)?;
+                    let mut sar = SparseAllReduce::new();
+                    let mut mine = SparseGrad::default();
+                    let mut bx: CudaSlice<f32> = stream.alloc_zeros(batch * shape.inputs)?;
+                    let mut by: CudaSlice<u32> = stream.alloc_zeros(batch)?;
+                    let mut bidx: CudaSlice<u32> = stream.alloc_zeros(batch)?;
+                    let mut sidx: CudaSlice<u32> = stream.alloc_zeros(n)?;
+                    let mut sval: CudaSlice<f32> = stream.alloc_zeros(n)?;
+                    let shard: Vec<u32> = (rank..ntr).step_by(world).map(|i| i as u32).collect();
+                    let steps = shard.len() / batch;
+                    let mut rows = Vec::new();
+                    let mut step = 0u64;
+                    for epoch in 0..epochs {
+                        let t0 = Instant::now();
+                        let mut order = shard.clone();
+                        order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64((epoch * world + rank) as u64));
+                        model.reset_stats()?;
+                        let (mut max_down, mut pairs) = (0usize, 0usize);
+                        for s in 0..steps {
+                            stream.memcpy_htod(&order[s * batch..(s + 1) * batch], &mut bidx)?;
+                            gather_batch(&dev, &stream, &xs, &ys, &bidx, shape.inputs, &mut bx, &mut by)?;
+                            model.backward(&bx.as_view(), &by.as_view())?;
+                            dgc.set_progress(Progress { step, epoch: epoch as f32 + s as f32 / steps as f32 });
+                            dgc.select(&model.grads.as_view(), &mut mine)?;
+                            max_down = max_down.max(dgc.last_host_bytes());
+                            pairs += mine.indices.len();
+                            let scale = lr / world as f32;
+                            match sar.all_reduce_pairs_sum(&mut t, &mine, n)? {
+                                Sum::Sparse(sum) => {
+                                    let k = sum.indices.len();
+                                    if k > 0 {
+                                        stream.memcpy_htod(&sum.indices, &mut sidx.slice_mut(..k))?;
+                                        stream.memcpy_htod(&sum.values, &mut sval.slice_mut(..k))?;
+                                        model.step_sparse(&sidx.slice(..k), &sval.slice(..k), scale)?;
+                                    }
+                                }
+                                Sum::Dense(sum) => {
+                                    stream.memcpy_htod(sum, &mut sval)?;
+                                    model.step_dense(&sval.as_view(), scale)?;
+                                }
+                            }
+                            step += 1;
+                        }
+                        let (loss, _) = model.stats()?;
+                        let train_loss = loss / (steps * batch) as f64;
+                        model.reset_stats()?;
+                        model.evaluate(&xt, &yt, nte)?;
+                        let (_, correct) = model.stats()?;
+                        let row = json!({
+                            "epoch": epoch + 1, "rank": rank, "train_loss": train_loss,
+                            "test_accuracy": correct / nte as f64, "seconds": t0.elapsed().as_secs_f64(),
+                            "steps": steps, "pairs_per_step": pairs as f64 / steps as f64,
+                            "gradient_bytes": 4 * n, "max_bytes_to_host_per_step": max_down,
+                        });
+                        if rank == 0 {
+                            eprintln!("train {row}");
+                        }
+                        rows.push(row);
+                    }
+                    Ok(rows)
+                };
+                run().map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect();
+    let mut out = json!({
+        "model": format!("mlp {}-{}-{}", shape.inputs, shape.hidden, shape.classes),
+        "params": shape.params(), "codec": spec, "ranks": world, "batch_per_rank": batch,
+        "lr": lr, "optimizer": "plain SGD (DGC owns the momentum, 0.9)", "dataset": "fashion-mnist",
+        "transport": "tcp loopback, sparse all-reduce", "train_examples": ntr,
+    });
+    match results.iter().find_map(|r| r.as_ref().err()) {
+        Some(e) => out["error"] = json!(e),
+        None => out["epochs"] = json!(results[0].as_ref().unwrap()),
+    }
+    Ok(out)
+}
