@@ -315,13 +315,9 @@ impl Mlp {
         Ok((s[0] as f64, s[1] as f64))
     }
 
-    /// Evaluates `rows` rows of `x` in batches: adds to the running statistics.
-    pub fn evaluate(
-        &mut self,
-        x: &CudaSlice<f32>,
-        labels: &CudaSlice<u32>,
-        rows: usize,
-    ) -> Result<()> {
+    /// Evaluates every row of `data` in batches: adds to the running statistics.
+    pub fn evaluate(&mut self, data: &DeviceData) -> Result<()> {
+        let (x, labels, rows) = (&data.x, &data.labels, data.labels.len());
         let f = self.shape.inputs;
         let mut at = 0;
         while at < rows {
@@ -367,28 +363,70 @@ impl Mlp {
     }
 }
 
-/// A batch of `rows` rows gathered on the device from a data set resident there.
-pub fn gather_batch(
-    dev: &Device,
-    stream: &Arc<CudaStream>,
-    src: &CudaSlice<f32>,
-    src_labels: &CudaSlice<u32>,
-    idx: &CudaSlice<u32>,
+/// A labelled data set resident on the device: `rows x cols` features, one label per row.
+pub struct DeviceData {
+    /// The features, row-major.
+    pub x: CudaSlice<f32>,
+    /// The labels.
+    pub labels: CudaSlice<u32>,
+    /// Features per row.
+    pub cols: usize,
+}
+
+impl DeviceData {
+    /// Copies `x` (`labels.len()` rows) and `labels` to the device.
+    pub fn upload(stream: &Arc<CudaStream>, x: &[f32], labels: &[u32]) -> Result<DeviceData> {
+        let cols = x.len() / labels.len().max(1);
+        Ok(DeviceData {
+            x: stream.clone_htod(x)?,
+            labels: stream.clone_htod(labels)?,
+            cols,
+        })
+    }
+}
+
+/// A batch gathered on the device from a [`DeviceData`] by row indices.
+pub struct Batch {
+    /// The rows' features.
+    pub x: CudaSlice<f32>,
+    /// The rows' labels.
+    pub labels: CudaSlice<u32>,
+    idx: CudaSlice<u32>,
     cols: usize,
-    dst: &mut CudaSlice<f32>,
-    labels: &mut CudaSlice<u32>,
-) -> Result<()> {
-    let rows = idx.len() as u32;
-    let c32 = cols as u32;
-    let mut b = stream.launch_builder(dev.func("gw_gather_rows"));
-    b.arg(src)
-        .arg(src_labels)
-        .arg(idx)
-        .arg(&rows)
-        .arg(&c32)
-        .arg(dst)
-        .arg(labels);
-    // SAFETY: rows indices into src; dst holds rows x cols.
-    unsafe { b.launch(elementwise(rows as u64 * cols as u64)) }?;
-    Ok(())
+}
+
+impl Batch {
+    /// A batch of `rows` rows of `cols` features.
+    pub fn new(stream: &Arc<CudaStream>, rows: usize, cols: usize) -> Result<Batch> {
+        Ok(Batch {
+            x: stream.alloc_zeros(rows * cols)?,
+            labels: stream.alloc_zeros(rows)?,
+            idx: stream.alloc_zeros(rows)?,
+            cols,
+        })
+    }
+
+    /// Gathers the rows `idx` (as many as the batch holds) of `data`.
+    pub fn gather(
+        &mut self,
+        dev: &Device,
+        stream: &Arc<CudaStream>,
+        data: &DeviceData,
+        idx: &[u32],
+    ) -> Result<()> {
+        stream.memcpy_htod(idx, &mut self.idx)?;
+        let rows = idx.len() as u32;
+        let c32 = self.cols as u32;
+        let mut b = stream.launch_builder(dev.func("gw_gather_rows"));
+        b.arg(&data.x)
+            .arg(&data.labels)
+            .arg(&self.idx)
+            .arg(&rows)
+            .arg(&c32)
+            .arg(&mut self.x)
+            .arg(&mut self.labels);
+        // SAFETY: rows indices into data (the caller's); the batch holds rows x cols.
+        unsafe { b.launch(elementwise(rows as u64 * self.cols as u64)) }?;
+        Ok(())
+    }
 }

@@ -22,7 +22,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaStream};
 use gradwire_codec::external::uniform;
 use gradwire_codec::{BuildContext, Codec, CodecConfig, Progress, TensorInfo, TensorRole};
-use gradwire_gpu::allreduce::{host_reduction_seconds, HostTransfer};
+use gradwire_gpu::allreduce::{host_reduction_seconds, AsyncAllReduce, HostTransfer};
 use gradwire_gpu::codec;
 use gradwire_gpu::device::{pattern, Device};
 use serde_json::{json, Value};
@@ -351,6 +351,7 @@ fn allreduce(dev: &Device, quick: bool) -> R<Value> {
         rows.push(json!({"ranks": p, "n": n, "host_reduction_s": red,
             "what": "time of the (p-1)/p*n f32 additions a ring all-reduce does on each rank: the reduction's share of collective_s"}));
     }
+    rows.push(async_row(dev, n)?);
     // Device copy bandwidth through pinned memory, for the split.
     let stream = dev.new_stream()?;
     let buf: CudaSlice<f32> = stream.alloc_zeros(n)?;
@@ -363,18 +364,88 @@ fn allreduce(dev: &Device, quick: bool) -> R<Value> {
     Ok(json!({ "rows": rows }))
 }
 
+/// The non-blocking form: `start` returns at once while the fill kernel and the all-reduce
+/// run; the host waits only in `wait`.
+fn async_row(dev: &Device, n: usize) -> R<Value> {
+    let p = 2usize;
+    let handles: Vec<_> = gradwire_transport::tcp::loopback_world(p)?
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let dev = dev.clone();
+            std::thread::spawn(move || -> Result<Value, String> {
+                let run = || -> R<Value> {
+                    let stream = dev.new_stream()?;
+                    let ar = AsyncAllReduce::new(&dev, t, 1 << 20)?;
+                    let mut buf: CudaSlice<f32> = stream.alloc_zeros(n)?;
+                    dev.fill_pattern(&stream, &mut buf, rank as u32)?;
+                    let t0 = Instant::now();
+                    let pending = ar.start(buf);
+                    let start_s = t0.elapsed().as_secs_f64();
+                    let (buf, tm) = pending.wait()?;
+                    let wait_s = t0.elapsed().as_secs_f64();
+                    let host = stream.clone_dtoh(&buf)?;
+                    let bad = (0..n)
+                        .filter(|&i| host[i] != (0..p as u32).map(|r| pattern(i, r)).sum::<f32>())
+                        .count();
+                    Ok(json!({"start_returned_s": start_s, "waited_s": wait_s, "all_reduce_s": tm.total, "wrong_elements": bad}))
+                };
+                run().map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect();
+    let mut row =
+        json!({"ranks": p, "transport": "tcp", "n": n, "mode": "AsyncAllReduce: start, then wait"});
+    match results.iter().find_map(|r| r.as_ref().err()) {
+        Some(e) => row["error"] = json!(e),
+        None => {
+            let r0 = results[0].as_ref().unwrap();
+            let bad: u64 = results
+                .iter()
+                .map(|r| r.as_ref().unwrap()["wrong_elements"].as_u64().unwrap_or(1))
+                .sum();
+            row["exact"] = json!(bad == 0);
+            row["rank0"] = r0.clone();
+        }
+    }
+    eprintln!("allreduce {row}");
+    Ok(row)
+}
+
+/// The GPU checks of gradwire's `cuda` feature, as one JSON report.
+///
+/// Exit status: 0 when every device codec wrote its CPU twin's bytes, 1 otherwise, 2 when no
+/// GPU or NVRTC could be opened.
+#[derive(Debug, clap::Parser)]
+#[command(name = "gradwire-gpu-check", version)]
+struct Args {
+    /// Run only these parts (comma-separated): codecs, bench, allreduce, train.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Read the benchmark buffers g25m.f32 and g100m.f32 from DIR (written by
+    /// scripts/gpu/torch_topk.py, so both time the same values); generated otherwise.
+    #[arg(long, value_name = "DIR")]
+    data: Option<String>,
+    /// Train an MLP with DGC on the GPU on the Fashion-MNIST IDX files in DIR.
+    #[arg(long, value_name = "DIR")]
+    fashion_mnist: Option<String>,
+    /// Small sizes: a smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// Write the report to FILE (default: standard output).
+    #[arg(long, value_name = "FILE")]
+    out: Option<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let opt = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let data = opt("--data");
-    let out = opt("--out");
-    let only = opt("--only");
+    use clap::Parser;
+    let args = Args::parse();
+    let command: Vec<String> = std::env::args().collect();
+    let quick = args.quick;
     let dev = match Device::open(0) {
         Ok(d) => d,
         Err(e) => {
@@ -386,11 +457,11 @@ fn main() {
     let mut report = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "revision": option_env!("GRADWIRE_REVISION").unwrap_or("unknown"),
-        "command": args.join(" "),
+        "command": command.join(" "),
         "device": dev.name().unwrap_or_default(),
         "compute_capability": format!("{major}.{minor}"),
     });
-    let wants = |s: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == s));
+    let wants = |s: &str| args.only.is_empty() || args.only.iter().any(|x| x == s);
     let mut ok = true;
     if wants("codecs") {
         let v = codecs(&dev, quick).unwrap_or_else(|e| json!({"error": e.to_string()}));
@@ -398,22 +469,22 @@ fn main() {
         report["codecs"] = v;
     }
     if wants("bench") {
-        report["bench"] =
-            bench(&dev, quick, data.as_deref()).unwrap_or_else(|e| json!({"error": e.to_string()}));
+        report["bench"] = bench(&dev, quick, args.data.as_deref())
+            .unwrap_or_else(|e| json!({"error": e.to_string()}));
     }
     if wants("allreduce") {
         report["allreduce"] =
             allreduce(&dev, quick).unwrap_or_else(|e| json!({"error": e.to_string()}));
     }
     if wants("train") {
-        if let Some(dir) = opt("--fashion-mnist") {
-            report["train"] = train::train(&dev, std::path::Path::new(&dir), quick)
+        if let Some(dir) = &args.fashion_mnist {
+            report["train"] = train::train(&dev, std::path::Path::new(dir), quick)
                 .unwrap_or_else(|e| json!({"error": e.to_string()}));
         }
     }
     let text = serde_json::to_string_pretty(&report).expect("json");
-    match out {
-        Some(f) => std::fs::write(&f, &text).expect("write report"),
+    match &args.out {
+        Some(f) => std::fs::write(f, &text).expect("write report"),
         None => println!("{text}"),
     }
     std::process::exit(if ok { 0 } else { 1 });
