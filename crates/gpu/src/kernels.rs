@@ -39,6 +39,7 @@ pub const KERNELS: &[&str] = &[
     "gw_scan_counts",
     "gw_compact_ordered",
     "gw_zero_at",
+    "gw_scatter_set",
     "gw_fill_pattern",
     // The MLP's (mlp.rs), which use expf/logf and need no bit-exactness:
     "gw_bias_act",
@@ -528,6 +529,12 @@ extern "C" __global__ void gw_zero_at(float* __restrict__ u, float* __restrict__
         u[i] = 0.0f;
         v[i] = 0.0f;
     }
+}
+
+/* Top-k's residual at the sent indices: r[idx] = vals (what the rounding of the sent value
+   left; 0 for fp32 values). */
+extern "C" __global__ void gw_scatter_set(float* __restrict__ r, const u32* __restrict__ idx, const float* __restrict__ vals, u32 k) {
+    GW_FOR(j, (u64)k) { r[idx[j]] = vals[j]; }
 }
 
 /* Test data: x[i] = ((i * 7 + rank * 13) mod 101) - 50, small integers whose sums are exact. */

@@ -58,7 +58,7 @@ impl ValueFormat {
 
     /// The value as the receiver will see it.
     #[inline]
-    pub(crate) fn round(self, v: f32) -> f32 {
+    pub fn round(self, v: f32) -> f32 {
         match self {
             ValueFormat::Fp32 => v,
             ValueFormat::Fp16 => to_f16(v).to_f32(),

@@ -12,6 +12,7 @@
 //! | `qsgd` (`coding=fixed`, both norms, `ef=false`) | [`qsgd::DeviceQsgd`] | the step's 32-bit key |
 //! | `terngrad` (`ef=false`) | [`terngrad::DeviceTernGrad`] | the key; the shared scales |
 //! | `dgc` (`clip=0`) | [`dgc::DeviceDgc`] | the threshold from a 0.1-1% sample, the exact cut among the candidates |
+//! | `topk` (both scopes, `values=fp32\|fp16`, `ef`, `warmup_epochs`) | [`topk::DeviceTopK`] | the same selection as DGC's |
 //!
 //! Deviations, refused with [`crate::Error::Unsupported`] rather than run differently: QSGD's
 //! Elias coding and error feedback, TernGrad's error feedback, DGC's local clipping
@@ -22,6 +23,9 @@ pub mod fp16;
 pub mod onebit;
 pub mod qsgd;
 pub mod terngrad;
+pub mod topk;
+
+mod select;
 
 use std::sync::Arc;
 
@@ -73,6 +77,7 @@ pub fn build(
             Box::new(terngrad::DeviceTernGrad::new(dev, stream, c, ctx, n)?)
         }
         CodecConfig::Dgc(c) => Box::new(dgc::DeviceDgc::new(dev, stream, c, ctx, n)?),
+        CodecConfig::TopK(c) => Box::new(topk::DeviceTopK::new(dev, stream, c, ctx, n)?),
         other => return Err(Error::Unsupported(format!("{other}"))),
     })
 }

@@ -170,6 +170,11 @@ fn codecs(dev: &Device, quick: bool) -> R<Value> {
         "dgc:ratio=0.001",
         "dgc:ratio=0.01,warmup_epochs=0",
         "dgc:ratio=0.001,min_dense=1024,nesterov=true",
+        "topk",
+        "topk:ratio=0.001,scope=tensor",
+        "topk:ratio=0.01,values=fp16",
+        "topk:ratio=0.01,ef=false",
+        "topk:ratio=0.001,warmup_epochs=2",
     ];
     for (name, ctx, n) in &layouts {
         for spec in specs {
@@ -235,7 +240,11 @@ fn bench(dev: &Device, quick: bool, data: Option<&str>) -> R<Value> {
         }
         let copy_s = median(times);
         drop(copy);
-        for spec in ["dgc:ratio=0.001,warmup_epochs=0", "qsgd:bits=4"] {
+        for spec in [
+            "dgc:ratio=0.001,warmup_epochs=0",
+            "topk:ratio=0.001",
+            "qsgd:bits=4",
+        ] {
             let cfg: CodecConfig = spec.parse()?;
             let mut c = codec::build(dev, &stream, &cfg, &BuildContext::single(1), n)?;
             let mut out = Vec::new();
