@@ -84,8 +84,9 @@ pub use threshold::{Threshold, ThresholdConfig};
 pub use topk::{TopK, TopKConfig, TopKScope, TopKSelect};
 
 /// What an encoder that runs elsewhere (the GPU codecs of `gradwire-gpu`) needs to write
-/// byte-identical payloads: the sparse payload writer, the per-tensor `k`, the magnitude key
-/// and the uniform stream of the stochastic quantizers. Not for ordinary callers.
+/// byte-identical payloads: the sparse payload writer, the per-tensor `k`, the sampled
+/// threshold and the exact cut of the sparsifiers, QSGD's buckets and the uniform stream of
+/// the stochastic quantizers. Not for ordinary callers.
 #[doc(hidden)]
 pub mod external {
     use crate::{CodecId, SparseGrad, ValueFormat};
@@ -107,9 +108,12 @@ pub mod external {
         crate::sparse::k_for(ratio, n)
     }
 
-    /// The magnitude key of `x` (its bits with the sign cleared).
-    pub fn key(x: f32) -> u32 {
-        crate::sparse::key(x)
+    pub use crate::sparse::ThresholdEstimate;
+
+    /// Cuts `cand` (increasing indices into `x`) down to the `k` largest magnitudes, keeping
+    /// index order, ties at the k-th to the lowest indices: the sparsifiers' exact cut.
+    pub fn cut_to_k(x: &[f32], k: usize, cand: &mut Vec<u32>, scratch: &mut Vec<u32>) {
+        crate::sparse::cut_to_k(x, k, cand, scratch)
     }
 
     /// The uniform in `[0, 1)` the stochastic quantizers draw for element `i` under `key`.

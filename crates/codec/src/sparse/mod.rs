@@ -16,9 +16,9 @@ mod words;
 
 pub(crate) use bytes::{check_len, read_f32, read_u32, read_u64};
 pub(crate) use residual::{fit, load_rng_residual, save_rng_residual};
+pub use select::ThresholdEstimate;
 pub(crate) use select::{
     cut_to_k, exact_topk, finish_sampled, k_for, key, scan_above, scan_add_into, step_key,
-    ThresholdEstimate,
 };
 pub use wire::ValueFormat;
 pub(crate) use wire::{decode_sparse_add, write_sparse};

@@ -126,8 +126,12 @@ const SAMPLE_RUN: usize = 16;
 const MAX_SAMPLES: usize = 1 << 18;
 
 /// Threshold estimation from a sample of keys, with successively lower fallbacks.
+///
+/// [`ThresholdEstimate::first`] samples on the CPU; an encoder whose values live elsewhere
+/// (the GPU codecs) draws the same positions with [`ThresholdEstimate::sample_runs`],
+/// gathers their keys itself and hands them to [`ThresholdEstimate::first_from_keys`].
 #[derive(Debug, Default, Clone)]
-pub(crate) struct ThresholdEstimate {
+pub struct ThresholdEstimate {
     keys: Vec<u32>,
     /// Sample hits wanted above the current threshold.
     m: usize,
@@ -147,11 +151,34 @@ impl ThresholdEstimate {
         rng: &mut ChaCha8Rng,
         mut value_at: impl FnMut(usize) -> f32,
     ) -> u32 {
+        let mut keys = std::mem::take(&mut self.keys);
+        keys.clear();
+        let sampled = self.sample_runs(n, k, rng, |start| {
+            keys.extend((start..start + SAMPLE_RUN).map(|i| key(value_at(i))));
+        });
+        self.keys = keys;
+        if !sampled {
+            return 0;
+        }
+        self.upper = self.keys.len();
+        self.cut()
+    }
+
+    /// Draws the sample for a tensor of `n` elements keeping `k`: calls `run(start)` for
+    /// each run of 16 consecutive positions `start..start + 16` and sets the margin; returns
+    /// false (threshold 0, no sample) for small tensors or `k > n / 2`.
+    pub fn sample_runs(
+        &mut self,
+        n: usize,
+        k: usize,
+        rng: &mut ChaCha8Rng,
+        mut run: impl FnMut(usize),
+    ) -> bool {
         self.keys.clear();
         self.thr = 0;
         self.upper = 0;
         if n <= SMALL_N || k > n / 2 {
-            return 0;
+            return false;
         }
         let p = k as f64 / n as f64;
         // 32 expected hits of the k-th value, within the paper's 0.1%..1% of the tensor (at
@@ -163,18 +190,22 @@ impl ThresholdEstimate {
         let runs = want.div_ceil(SAMPLE_RUN);
         let stride = n / runs;
         if stride < SAMPLE_RUN {
-            return 0;
+            return false;
         }
         for j in 0..runs {
-            let start = j * stride + rng.gen_range(0..=stride - SAMPLE_RUN);
-            for i in start..start + SAMPLE_RUN {
-                self.keys.push(key(value_at(i)));
-            }
+            run(j * stride + rng.gen_range(0..=stride - SAMPLE_RUN));
         }
-        let s = self.keys.len();
-        let c = s as f64 * p;
+        let c = (runs * SAMPLE_RUN) as f64 * p;
         self.m = (c + 3.0 * c.sqrt() + 2.0).ceil() as usize;
-        self.upper = s;
+        true
+    }
+
+    /// The first threshold from the keys at the positions [`ThresholdEstimate::sample_runs`]
+    /// drew, in its order.
+    pub fn first_from_keys(&mut self, keys: &[u32]) -> u32 {
+        self.keys.clear();
+        self.keys.extend_from_slice(keys);
+        self.upper = self.keys.len();
         self.cut()
     }
 
@@ -193,7 +224,7 @@ impl ThresholdEstimate {
     }
 
     /// A lower threshold (4x the sample hits, finally 0), or `None` when already at 0.
-    pub(crate) fn lower(&mut self) -> Option<u32> {
+    pub fn lower(&mut self) -> Option<u32> {
         if self.thr == 0 {
             return None;
         }
@@ -347,6 +378,35 @@ mod tests {
             finish_sampled(&x, k, &mut est, &mut cand, &mut scratch);
             assert_eq!(cand, want, "sampled n={n} k={k}");
         }
+    }
+
+    /// Sampling elsewhere (positions drawn, keys gathered by the caller) gives the CPU's
+    /// threshold, and the same lower ones.
+    #[test]
+    fn keys_gathered_elsewhere_give_the_same_thresholds() {
+        let n = 1 << 20;
+        let x = lcg(n, 5);
+        for k in [n / 1000, n / 100, n / 10] {
+            let mut cpu = ThresholdEstimate::default();
+            let t = cpu.first(n, k, &mut ChaCha8Rng::seed_from_u64(3), |i| x[i]);
+            let mut ext = ThresholdEstimate::default();
+            let mut keys = Vec::new();
+            assert!(
+                ext.sample_runs(n, k, &mut ChaCha8Rng::seed_from_u64(3), |s| {
+                    keys.extend((s..s + 16).map(|i| key(x[i])));
+                })
+            );
+            assert_eq!(ext.first_from_keys(&keys), t, "k={k}");
+            assert!(t > 0);
+            assert_eq!(ext.lower(), cpu.lower());
+        }
+        let mut e = ThresholdEstimate::default();
+        assert!(!e.sample_runs(
+            1000,
+            1,
+            &mut ChaCha8Rng::seed_from_u64(1),
+            |_| unreachable!()
+        ));
     }
 
     #[test]

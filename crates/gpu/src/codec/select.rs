@@ -11,8 +11,8 @@
 //!    sums, each tile's hits written from its offset), brought to the host (a little more
 //!    than k pairs); if fewer than k came out the threshold is lowered as the CPU codecs
 //!    lower it;
-//! 3. the exact cut to the k largest on the host, ties to the lowest index, as the CPU
-//!    codecs' `cut_to_k`.
+//! 3. the exact cut to the k largest on the host, ties to the lowest index: the CPU codecs'
+//!    own `cut_to_k`.
 //!
 //! The result is the exact top-k, the CPU codecs', so payloads are byte-identical; the
 //! tensor itself never leaves the device ([`Selector::host_bytes`] counts what does).
@@ -20,124 +20,18 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, PushKernelArg};
-use gradwire_codec::external::key;
-use rand::Rng;
+use gradwire_codec::external::{cut_to_k, ThresholdEstimate};
+use rand_chacha::ChaCha8Rng;
 
 use crate::device::{blocks, elementwise, Device};
 use crate::error::Result;
 
-/// Below this many elements selection skips sampling (the CPU codec's constant).
-const SMALL_N: usize = 1 << 14;
-/// Consecutive elements per sample run.
+/// Consecutive elements per sample run (`ThresholdEstimate::sample_runs`).
 const SAMPLE_RUN: usize = 16;
-/// Most samples per tensor.
+/// Most samples per tensor (the CPU estimator's bound).
 const MAX_SAMPLES: usize = 1 << 18;
 /// Elements per tile of the ordered compaction (`GW_TILE` in the kernels).
 const TILE: usize = 4096;
-
-/// The sampled threshold: the CPU codec's `ThresholdEstimate`, over keys gathered on the
-/// device.
-#[derive(Debug, Default)]
-struct Estimate {
-    keys: Vec<u32>,
-    m: usize,
-    upper: usize,
-    thr: u32,
-}
-
-impl Estimate {
-    /// The sample positions for a tensor of `n` with `k` to keep, or `None` (threshold 0).
-    fn positions(&mut self, n: usize, k: usize, rng: &mut impl Rng) -> Option<Vec<u32>> {
-        self.keys.clear();
-        self.thr = 0;
-        self.upper = 0;
-        if n <= SMALL_N || k > n / 2 {
-            return None;
-        }
-        let p = k as f64 / n as f64;
-        let want = ((32.0 / p) as usize)
-            .clamp(n / 1000, n / 100)
-            .clamp(1024, MAX_SAMPLES);
-        let want = want.min(n / 4);
-        let runs = want.div_ceil(SAMPLE_RUN);
-        let stride = n / runs;
-        if stride < SAMPLE_RUN {
-            return None;
-        }
-        let mut pos = Vec::with_capacity(runs * SAMPLE_RUN);
-        for j in 0..runs {
-            let start = j * stride + rng.gen_range(0..=stride - SAMPLE_RUN);
-            pos.extend((start..start + SAMPLE_RUN).map(|i| i as u32));
-        }
-        let c = pos.len() as f64 * p;
-        self.m = (c + 3.0 * c.sqrt() + 2.0).ceil() as usize;
-        Some(pos)
-    }
-
-    /// The first threshold from the sampled keys.
-    fn first(&mut self, keys: Vec<u32>) -> u32 {
-        self.upper = keys.len();
-        self.keys = keys;
-        self.cut()
-    }
-
-    fn cut(&mut self) -> u32 {
-        let s = self.keys.len();
-        if self.m >= s || self.upper == 0 {
-            self.thr = 0;
-            self.upper = 0;
-            return 0;
-        }
-        let pos = (s - self.m).min(self.upper - 1);
-        self.keys[..self.upper].select_nth_unstable(pos);
-        self.upper = pos;
-        self.thr = self.keys[pos];
-        self.thr
-    }
-
-    /// A lower threshold (4x the sample hits, finally 0), or `None` when already at 0.
-    fn lower(&mut self) -> Option<u32> {
-        if self.thr == 0 {
-            return None;
-        }
-        let prev = self.thr;
-        self.m = self.m.saturating_mul(4);
-        while self.cut() == prev && prev != 0 {
-            self.m = self.m.saturating_mul(4);
-        }
-        Some(self.thr)
-    }
-}
-
-/// Cuts `cand` (local index, value), in increasing index order, to the `k` largest keys,
-/// keeping that order; ties at the k-th key go to the lowest indices (the CPU codec's
-/// `cut_to_k`).
-fn cut_to_k(cand: &mut Vec<(u32, f32)>, k: usize) {
-    if cand.len() <= k {
-        return;
-    }
-    if k == 0 {
-        cand.clear();
-        return;
-    }
-    let mut keys: Vec<u32> = cand.iter().map(|c| key(c.1)).collect();
-    let pos = keys.len() - k;
-    keys.select_nth_unstable(pos);
-    let tk = keys[pos];
-    let above = keys[pos + 1..].iter().filter(|&&v| v > tk).count();
-    let mut ties = k - above;
-    cand.retain(|c| {
-        let kk = key(c.1);
-        if kk > tk {
-            true
-        } else if kk == tk && ties > 0 {
-            ties -= 1;
-            true
-        } else {
-            false
-        }
-    });
-}
 
 /// The device buffers and host state of [`Selector::top_k`].
 pub(crate) struct Selector {
@@ -149,7 +43,8 @@ pub(crate) struct Selector {
     cand_idx: CudaSlice<u32>,
     cand_val: CudaSlice<f32>,
     cap: usize,
-    est: Estimate,
+    est: ThresholdEstimate,
+    scratch: Vec<u32>,
     /// Bytes copied device → host since the owner last cleared it.
     pub(crate) host_bytes: usize,
 }
@@ -168,7 +63,8 @@ impl Selector {
             cand_idx: stream.alloc_zeros::<u32>(cap)?,
             cand_val: stream.alloc_zeros::<f32>(cap)?,
             cap,
-            est: Estimate::default(),
+            est: ThresholdEstimate::default(),
+            scratch: Vec::new(),
             host_bytes: 0,
         })
     }
@@ -235,11 +131,14 @@ impl Selector {
         stream: &Arc<CudaStream>,
         x: &CudaView<'_, f32>,
         k: usize,
-        rng: &mut impl Rng,
+        rng: &mut ChaCha8Rng,
     ) -> Result<Vec<(u32, f32)>> {
         let len = x.len();
         let mut thr = 0u32;
-        if let Some(pos) = self.est.positions(len, k, rng) {
+        let mut pos: Vec<u32> = Vec::new();
+        if self.est.sample_runs(len, k, rng, |s| {
+            pos.extend(s as u32..(s + SAMPLE_RUN) as u32)
+        }) {
             let np = pos.len();
             stream.memcpy_htod(&pos, &mut self.pos.slice_mut(..np))?;
             let np32 = np as u32;
@@ -249,7 +148,7 @@ impl Selector {
             unsafe { b.launch(elementwise(np as u64)) }?;
             let keys = stream.clone_dtoh(&self.keys.slice(..np))?;
             self.host_bytes += 4 * np;
-            thr = self.est.first(keys);
+            thr = self.est.first_from_keys(&keys);
         }
         let count = loop {
             let c = self.compact(dev, stream, x, thr)?;
@@ -267,61 +166,18 @@ impl Selector {
             }
             break c;
         };
-        let mut cand: Vec<(u32, f32)> = if count > 0 {
-            let idx = stream.clone_dtoh(&self.cand_idx.slice(..count))?;
-            let val = stream.clone_dtoh(&self.cand_val.slice(..count))?;
-            self.host_bytes += 8 * count;
-            idx.into_iter().zip(val).collect()
-        } else {
-            Vec::new()
-        };
-        cut_to_k(&mut cand, k);
-        Ok(cand)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_cut_keeps_the_k_largest_with_ties_to_the_lowest_index() {
-        let mut c = vec![(1, 0.5), (2, -3.0), (3, 2.0), (5, 2.0), (7, -2.0), (9, 1.0)];
-        cut_to_k(&mut c, 3);
-        assert_eq!(c, vec![(2, -3.0), (3, 2.0), (5, 2.0)]);
-        let mut c = vec![(1, 1.0), (4, 1.0)];
-        cut_to_k(&mut c, 5);
-        assert_eq!(c, vec![(1, 1.0), (4, 1.0)]);
-        let mut c = vec![(0, 2.0), (3, -1.0), (4, 1.0), (6, 1.0), (8, -1.0)];
-        cut_to_k(&mut c, 3);
-        assert_eq!(c, vec![(0, 2.0), (3, -1.0), (4, 1.0)]);
-    }
-
-    #[test]
-    fn the_sample_follows_the_papers_range_and_lowers_to_zero() {
-        use rand::SeedableRng;
-        let mut e = Estimate::default();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        assert!(
-            e.positions(1000, 1, &mut rng).is_none(),
-            "small tensors are not sampled"
-        );
-        let n = 1 << 22;
-        let pos = e.positions(n, n / 1000, &mut rng).unwrap();
-        assert!(
-            pos.len() >= n / 1000 && pos.len() <= n / 100 + 16,
-            "{}",
-            pos.len()
-        );
-        assert!(pos.iter().all(|&p| (p as usize) < n));
-        let keys: Vec<u32> = (0..pos.len() as u32).collect();
-        let t = e.first(keys);
-        assert!(t > 0);
-        let mut last = t;
-        while let Some(t) = e.lower() {
-            assert!(t < last);
-            last = t;
+        if count == 0 {
+            return Ok(Vec::new());
         }
-        assert_eq!(last, 0);
+        let idx = stream.clone_dtoh(&self.cand_idx.slice(..count))?;
+        let val = stream.clone_dtoh(&self.cand_val.slice(..count))?;
+        self.host_bytes += 8 * count;
+        // The candidates are in index order: the CPU codecs' cut over their positions.
+        let mut keep: Vec<u32> = (0..count as u32).collect();
+        cut_to_k(&val, k, &mut keep, &mut self.scratch);
+        Ok(keep
+            .into_iter()
+            .map(|p| (idx[p as usize], val[p as usize]))
+            .collect())
     }
 }

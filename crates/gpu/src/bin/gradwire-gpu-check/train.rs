@@ -6,6 +6,7 @@
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
@@ -19,6 +20,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
+use crate::ranks::on_ranks;
 use crate::R;
 
 /// An IDX file (gzip): its dimensions and bytes.
@@ -75,97 +77,92 @@ fn train_one(dev: &Device, data: &Path, quick: bool, spec: &'static str) -> R<Va
     let (xte, yte, nte) = images(data, "t10k")?;
     let ntr = if quick { ntr.min(8192) } else { ntr };
     let transports = gradwire_transport::tcp::loopback_world(world)?;
-    let handles: Vec<_> = transports
-        .into_iter()
-        .enumerate()
-        .map(|(rank, mut t)| {
-            let dev = dev.clone();
-            let (xtr, ytr, xte, yte) = (xtr.clone(), ytr.clone(), xte.clone(), yte.clone());
-            std::thread::spawn(move || -> Result<Vec<Value>, String> {
-                let mut run = || -> R<Vec<Value>> {
-                    let stream = dev.new_stream()?;
-                    let train = DeviceData::upload(&stream, &xtr, &ytr)?;
-                    let test = DeviceData::upload(&stream, &xte, &yte)?;
-                    let mut model = Mlp::new(&dev, &stream, shape, batch, 1)?;
-                    let n = shape.params();
-                    let cfg: CodecConfig = spec.parse()?;
-                    let CodecConfig::Dgc(dgc_cfg) = cfg else { unreachable!() };
-                    let ctx = BuildContext::new(1, rank, world, vec![]).with_tensors(shape.tensors());
-                    let mut dgc = DeviceDgc::new(&dev, &stream, &dgc_cfg, &ctx, n)?;
-                    let mut sar = SparseAllReduce::new();
-                    let mut mine = SparseGrad::default();
-                    let mut bt = Batch::new(&stream, batch, shape.inputs)?;
-                    let mut sidx: CudaSlice<u32> = stream.alloc_zeros(n)?;
-                    let mut sval: CudaSlice<f32> = stream.alloc_zeros(n)?;
-                    let shard: Vec<u32> = (rank..ntr).step_by(world).map(|i| i as u32).collect();
-                    let steps = shard.len() / batch;
-                    let mut rows = Vec::new();
-                    let mut step = 0u64;
-                    for epoch in 0..epochs {
-                        let t0 = Instant::now();
-                        let mut order = shard.clone();
-                        order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64((epoch * world + rank) as u64));
-                        model.reset_stats()?;
-                        let (mut max_down, mut pairs) = (0usize, 0usize);
-                        for s in 0..steps {
-                            bt.gather(&dev, &stream, &train, &order[s * batch..(s + 1) * batch])?;
-                            model.backward(&bt.x.as_view(), &bt.labels.as_view())?;
-                            dgc.set_progress(Progress { step, epoch: epoch as f32 + s as f32 / steps as f32 });
-                            dgc.select(&model.grads.as_view(), &mut mine)?;
-                            max_down = max_down.max(dgc.last_host_bytes());
-                            pairs += mine.indices.len();
-                            let scale = lr / world as f32;
-                            match sar.all_reduce_pairs_sum(&mut t, &mine, n)? {
-                                Sum::Sparse(sum) => {
-                                    let k = sum.indices.len();
-                                    if k > 0 {
-                                        stream.memcpy_htod(&sum.indices, &mut sidx.slice_mut(..k))?;
-                                        stream.memcpy_htod(&sum.values, &mut sval.slice_mut(..k))?;
-                                        model.step_sparse(&sidx.slice(..k), &sval.slice(..k), scale)?;
-                                    }
-                                }
-                                Sum::Dense(sum) => {
-                                    stream.memcpy_htod(sum, &mut sval)?;
-                                    model.step_dense(&sval.as_view(), scale)?;
-                                }
-                            }
-                            step += 1;
+    let dev = dev.clone();
+    let data = Arc::new((xtr, ytr, xte, yte));
+    let results = on_ranks(transports, move |rank, mut t| {
+        let (xtr, ytr, xte, yte) = &*data;
+        let stream = dev.new_stream()?;
+        let train = DeviceData::upload(&stream, xtr, ytr)?;
+        let test = DeviceData::upload(&stream, xte, yte)?;
+        let mut model = Mlp::new(&dev, &stream, shape, batch, 1)?;
+        let n = shape.params();
+        let cfg: CodecConfig = spec.parse()?;
+        let CodecConfig::Dgc(dgc_cfg) = cfg else {
+            unreachable!()
+        };
+        let ctx = BuildContext::new(1, rank, world, vec![]).with_tensors(shape.tensors());
+        let mut dgc = DeviceDgc::new(&dev, &stream, &dgc_cfg, &ctx, n)?;
+        let mut sar = SparseAllReduce::new();
+        let mut mine = SparseGrad::default();
+        let mut bt = Batch::new(&stream, batch, shape.inputs)?;
+        let mut sidx: CudaSlice<u32> = stream.alloc_zeros(n)?;
+        let mut sval: CudaSlice<f32> = stream.alloc_zeros(n)?;
+        let shard: Vec<u32> = (rank..ntr).step_by(world).map(|i| i as u32).collect();
+        let steps = shard.len() / batch;
+        let mut rows = Vec::new();
+        let mut step = 0u64;
+        for epoch in 0..epochs {
+            let t0 = Instant::now();
+            let mut order = shard.clone();
+            order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(
+                (epoch * world + rank) as u64,
+            ));
+            model.reset_stats()?;
+            let (mut max_down, mut pairs) = (0usize, 0usize);
+            for s in 0..steps {
+                bt.gather(&dev, &stream, &train, &order[s * batch..(s + 1) * batch])?;
+                model.backward(&bt.x.as_view(), &bt.labels.as_view())?;
+                dgc.set_progress(Progress {
+                    step,
+                    epoch: epoch as f32 + s as f32 / steps as f32,
+                });
+                dgc.select(&model.grads.as_view(), &mut mine)?;
+                max_down = max_down.max(dgc.last_host_bytes());
+                pairs += mine.indices.len();
+                let scale = lr / world as f32;
+                match sar.all_reduce_pairs_sum(&mut t, &mine, n)? {
+                    Sum::Sparse(sum) => {
+                        let k = sum.indices.len();
+                        if k > 0 {
+                            stream.memcpy_htod(&sum.indices, &mut sidx.slice_mut(..k))?;
+                            stream.memcpy_htod(&sum.values, &mut sval.slice_mut(..k))?;
+                            model.step_sparse(&sidx.slice(..k), &sval.slice(..k), scale)?;
                         }
-                        let (loss, _) = model.stats()?;
-                        let train_loss = loss / (steps * batch) as f64;
-                        model.reset_stats()?;
-                        model.evaluate(&test)?;
-                        let (_, correct) = model.stats()?;
-                        let row = json!({
-                            "epoch": epoch + 1, "rank": rank, "train_loss": train_loss,
-                            "test_accuracy": correct / nte as f64, "seconds": t0.elapsed().as_secs_f64(),
-                            "steps": steps, "pairs_per_step": pairs as f64 / steps as f64,
-                            "gradient_bytes": 4 * n, "max_bytes_to_host_per_step": max_down,
-                        });
-                        if rank == 0 {
-                            eprintln!("train {spec} {row}");
-                        }
-                        rows.push(row);
                     }
-                    Ok(rows)
-                };
-                run().map_err(|e| e.to_string())
-            })
-        })
-        .collect();
-    let results: Vec<_> = handles
-        .into_iter()
-        .map(|h| h.join().expect("rank thread"))
-        .collect();
+                    Sum::Dense(sum) => {
+                        stream.memcpy_htod(sum, &mut sval)?;
+                        model.step_dense(&sval.as_view(), scale)?;
+                    }
+                }
+                step += 1;
+            }
+            let (loss, _) = model.stats()?;
+            let train_loss = loss / (steps * batch) as f64;
+            model.reset_stats()?;
+            model.evaluate(&test)?;
+            let (_, correct) = model.stats()?;
+            let row = json!({
+                "epoch": epoch + 1, "rank": rank, "train_loss": train_loss,
+                "test_accuracy": correct / nte as f64, "seconds": t0.elapsed().as_secs_f64(),
+                "steps": steps, "pairs_per_step": pairs as f64 / steps as f64,
+                "gradient_bytes": 4 * n, "max_bytes_to_host_per_step": max_down,
+            });
+            if rank == 0 {
+                eprintln!("train {spec} {row}");
+            }
+            rows.push(row);
+        }
+        Ok(rows)
+    });
     let mut out = json!({
         "model": format!("mlp {}-{}-{}", shape.inputs, shape.hidden, shape.classes),
         "params": shape.params(), "codec": spec, "ranks": world, "batch_per_rank": batch,
         "lr": lr, "optimizer": "plain SGD (DGC owns the momentum, 0.9)", "dataset": "fashion-mnist",
         "transport": "tcp loopback, sparse all-reduce", "train_examples": ntr,
     });
-    match results.iter().find_map(|r| r.as_ref().err()) {
-        Some(e) => out["error"] = json!(e),
-        None => out["epochs"] = json!(results[0].as_ref().unwrap()),
+    match results {
+        Err(e) => out["error"] = json!(e),
+        Ok(results) => out["epochs"] = json!(results[0]),
     }
     Ok(out)
 }
