@@ -9,6 +9,38 @@
 //! a command line, or knows how gradients are compressed or moved: a [`GradientSync`] (such as
 //! [`EngineSync`], gradwire-engine over any `Transport`) does that.
 //!
+//! Bring your own burn model: implement [`Net`] (batch in, logits and targets out) for your
+//! `#[derive(Module)]` network, wrap it in [`BurnModel::custom`], and it trains
+//! data-parallel through the engine with any codec
+//! (`crates/train/examples/own_burn_model.rs` runs this on 2 ranks):
+//!
+//! ```no_run
+//! # use gradwire_train::burn::{self, nn::{Linear, LinearConfig}, prelude::*};
+//! # use gradwire_train::{data::{default_data_dir, Batch, DatasetKind}, *};
+//! # let transport = gradwire_transport::local::Local::world(1).pop().unwrap();
+//! #[derive(Module, Debug)]
+//! struct MyNet { fc: Linear }
+//! impl Net for MyNet {
+//!     fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)> {
+//!         let Batch::Images(b) = batch else { unreachable!("images only") };
+//!         let n = b.labels.len();
+//!         let x = Tensor::from_data(TensorData::new(b.pixels.clone(), [n, 784]), device);
+//!         let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
+//!         Ok((self.fc.forward(x), Tensor::from_data(TensorData::new(y, [n]), device)))
+//!     }
+//! }
+//! let data = DatasetKind::FashionMnist.load(&default_data_dir(), 64)?;
+//! let device = Device::flex().autodiff();
+//! let model = BurnModel::custom(MyNet { fc: LinearConfig::new(784, 10).init(&device) }, device, 0);
+//! let config = EngineConfig { codec: "qsgd:bits=4".parse().unwrap(), ..EngineConfig::default() };
+//! let sync = EngineSync::new(transport, config, &model.tensors(), 1)?;
+//! let mut trainer = Trainer::new(Box::new(model), sync, TrainConfig::default(), data.train.len())?;
+//! println!("{:?}", trainer.run_epoch(&data, &mut |_| {})?.test_accuracy);
+//! # Ok::<(), gradwire_train::Error>(())
+//! ```
+//!
+//! The built-in models work the same way, built from a [`ModelKind`]:
+//!
 //! ```no_run
 //! use gradwire_train::{data::DatasetKind, EngineSync, ModelKind, TrainConfig, Trainer};
 //! use gradwire_transport::local::Local;
@@ -34,8 +66,11 @@ pub mod sync;
 mod threads;
 mod trainer;
 
+/// The burn this crate is built with (0.22, flex CPU backend with autodiff): define your own
+/// network with it and train it through [`BurnModel::custom`].
+pub use burn;
 pub use error::{Error, Result};
-pub use model::{Eval, MlpHidden, Model, ModelKind};
+pub use model::{BurnModel, Eval, MlpHidden, Model, ModelKind, Net};
 pub use model::{ParamTensor, TensorRole};
 pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
 pub use sync::{

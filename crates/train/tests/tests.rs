@@ -4,4 +4,5 @@ mod distributed;
 mod lenet_cpu;
 mod models;
 mod overlap;
+mod own_model;
 mod util;

@@ -10,6 +10,8 @@ mod lenet;
 mod lstm;
 mod mlp;
 mod net;
+
+pub use net::{BurnModel, Net};
 mod resnet;
 
 use std::str::FromStr;
@@ -315,6 +317,9 @@ pub enum ModelKind {
     /// An MLP with the given hidden widths (`mlp:hidden=2048x3`, or `mlp:wide` for
     /// [`MlpHidden::PAPER`]); `mlp:hidden=256-128` is plain [`ModelKind::Mlp`].
     WideMlp(MlpHidden),
+    /// A model defined outside gradwire, brought as a burn network ([`BurnModel::custom`]):
+    /// written `custom`, never parsed and never built from a spec.
+    Custom,
 }
 
 impl From<ModelKind> for String {
@@ -348,6 +353,7 @@ impl ModelKind {
             ModelKind::LeNet => "lenet",
             ModelKind::ResNet8 => "resnet",
             ModelKind::CharLstm | ModelKind::CharLstmHidden(_) => "lstm",
+            ModelKind::Custom => "custom",
         }
     }
 

@@ -1,6 +1,7 @@
 //! The bridge from a burn network to the framework-free [`Model`] trait: any network that
 //! turns a batch into logits and targets becomes a [`Model`] with cross-entropy loss, flat
-//! parameters and flat gradients.
+//! parameters and flat gradients. The built-in models cross it, and so does a model of the
+//! user's own ([`BurnModel::custom`]).
 
 use burn::module::Module;
 use burn::prelude::*;
@@ -12,17 +13,25 @@ use super::{Eval, Model, ModelKind};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 
-/// A burn network classifying each sample (or each token) into one of `C` outputs.
-pub(crate) trait Net: Module + 'static {
+/// A burn network classifying each sample (or each token) into one of `C` outputs: what a
+/// model needs to train data-parallel through gradwire. Implement it for your own
+/// `#[derive(Module)]` struct and wrap it in [`BurnModel::custom`].
+pub trait Net: Module + 'static {
     /// Logits `[N, C]` and integer targets `[N]` for `batch`, built on `device`.
     fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)>;
 
-    /// One initialization rule per parameter tensor, in visitor order.
-    fn init_plan(&self) -> Vec<ParamInit>;
+    /// One initialization rule per parameter tensor, in visitor order. Empty (the default)
+    /// keeps the values the module was built with; the trainer broadcasts rank 0's at start.
+    fn init_plan(&self) -> Vec<ParamInit> {
+        Vec::new()
+    }
 }
 
-/// A [`Net`] on the flex CPU backend with autodiff, behind the [`Model`] trait.
-pub(crate) struct BurnModel<N: Net> {
+/// A [`Net`] on the flex CPU backend with autodiff, behind the [`Model`] trait: mean
+/// cross-entropy loss, parameters and gradients as flat `f32` buffers in the module's
+/// declaration order, tensor shapes and roles read from the module (a `Linear` or `Conv2d`
+/// weight, a bias).
+pub struct BurnModel<N: Net> {
     net: Option<N>,
     kind: ModelKind,
     layout: Vec<usize>,
@@ -38,7 +47,7 @@ impl<N: Net> BurnModel<N> {
         let layout = flat::layout(&net);
         let tensors = super::roles(&flat::param_paths(&net));
         debug_assert_eq!(tensors.iter().map(|t| t.len()).collect::<Vec<_>>(), layout);
-        let init = init_flat(&layout, &net.init_plan(), seed);
+        let plan = net.init_plan();
         let mut m = BurnModel {
             net: Some(net),
             kind,
@@ -47,8 +56,19 @@ impl<N: Net> BurnModel<N> {
             pass_times: None,
             device,
         };
-        m.set_params(&init);
+        if !plan.is_empty() {
+            let init = init_flat(&m.layout, &plan, seed);
+            m.set_params(&init);
+        }
         m
+    }
+
+    /// A model of your own: `net`, built on `device` (an autodiff device,
+    /// `Device::flex().autodiff()`), with the initial values it was built with (or those of
+    /// its [`Net::init_plan`], drawn from `seed`). Its [`Model::kind`] is
+    /// [`ModelKind::Custom`].
+    pub fn custom(net: N, device: Device, seed: u64) -> Self {
+        BurnModel::new(net, ModelKind::Custom, device, seed)
     }
 
     fn net(&self) -> &N {
