@@ -109,11 +109,6 @@ impl HostTransfer {
         })
     }
 
-    /// The stream the copies up run on (a consumer's stream joins it).
-    pub fn up_stream(&self) -> &Arc<CudaStream> {
-        &self.up
-    }
-
     /// Sums `buf` over every rank of `t` in place; returns with the result complete on the
     /// device (the copies up waited for) and the time split.
     pub fn all_reduce<T: Transport + ?Sized>(

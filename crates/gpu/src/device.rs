@@ -92,15 +92,6 @@ impl Device {
     pub(crate) fn func(&self, name: &'static str) -> &CudaFunction {
         &self.funcs[name]
     }
-
-    /// Copies `x` to a new device buffer on `stream`.
-    pub fn upload<T: cudarc::driver::DeviceRepr>(
-        &self,
-        stream: &Arc<CudaStream>,
-        x: &[T],
-    ) -> Result<CudaSlice<T>> {
-        Ok(stream.clone_htod(x)?)
-    }
 }
 
 /// A grid-stride launch over `n` elements.

@@ -15,6 +15,7 @@ use gradwire_train::burn::{
     tensor::activation::relu,
 };
 use gradwire_train::data::{default_data_dir, Batch, DatasetKind};
+use gradwire_train::model::flat_images;
 use gradwire_train::{
     BurnModel, EngineConfig, EngineSync, GradientSync, Model, Net, TrainConfig, Trainer,
 };
@@ -42,15 +43,8 @@ impl Net for SmallNet {
         batch: &Batch,
         device: &Device,
     ) -> gradwire_train::Result<(Tensor<2>, Tensor<1, Int>)> {
-        let Batch::Images(b) = batch else {
-            return Err(gradwire_train::Error::Config(
-                "SmallNet takes images".into(),
-            ));
-        };
-        let n = b.labels.len();
-        let x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, 784]), device);
-        let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
-        let y = Tensor::<1, Int>::from_data(TensorData::new(y, [n]), device);
+        let (x, y) = flat_images(batch, device)
+            .ok_or_else(|| gradwire_train::Error::Config("SmallNet takes images".into()))?;
         Ok((self.out.forward(relu(self.hidden.forward(x))), y))
     }
 }

@@ -22,11 +22,8 @@
 //! struct MyNet { fc: Linear }
 //! impl Net for MyNet {
 //!     fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)> {
-//!         let Batch::Images(b) = batch else { unreachable!("images only") };
-//!         let n = b.labels.len();
-//!         let x = Tensor::from_data(TensorData::new(b.pixels.clone(), [n, 784]), device);
-//!         let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
-//!         Ok((self.fc.forward(x), Tensor::from_data(TensorData::new(y, [n]), device)))
+//!         let (x, y) = model::flat_images(batch, device).expect("image batches");
+//!         Ok((self.fc.forward(x), y))
 //!     }
 //! }
 //! let data = DatasetKind::FashionMnist.load(&default_data_dir(), 64)?;

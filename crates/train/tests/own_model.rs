@@ -11,6 +11,7 @@ use gradwire_train::burn::{
     tensor::activation::tanh,
 };
 use gradwire_train::data::Batch;
+use gradwire_train::model::flat_images;
 use gradwire_train::{BurnModel, EngineConfig, EngineSync, GradientSync, Model, ModelKind, Net};
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
@@ -30,16 +31,8 @@ impl Net for Tiny {
         batch: &Batch,
         device: &Device,
     ) -> gradwire_train::Result<(Tensor<2>, Tensor<1, Int>)> {
-        let Batch::Images(b) = batch else {
-            unreachable!("image batches only")
-        };
-        let n = b.labels.len();
-        let x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, 784]), device);
-        let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
-        Ok((
-            self.b.forward(tanh(self.a.forward(x))),
-            Tensor::from_data(TensorData::new(y, [n]), device),
-        ))
+        let (x, y) = flat_images(batch, device).expect("image batches only");
+        Ok((self.b.forward(tanh(self.a.forward(x))), y))
     }
 }
 

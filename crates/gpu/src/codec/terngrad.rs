@@ -5,7 +5,8 @@
 //! summed in f64 per block, then over the blocks), the clip bound `c sigma` and the local
 //! scale, then one thread per code word with the CPU's uniforms. [`DeviceCodec::local_scalars`]
 //! and [`DeviceCodec::set_shared_scalars`] do the layer-wise scalar sharing. Same bytes as the
-//! CPU codec. `ef=true` is refused.
+//! CPU codec. `ef=true` is refused. One deviation, outside the payload: `local_scalars`
+//! reports 0 for a tensor sent in float (the CPU codec reports its max), a scale nobody uses.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -186,13 +187,13 @@ impl DeviceCodec for DeviceTernGrad {
         check_len(self.n, grad)?;
         self.stats(grad)?;
         let local = self.stream.clone_dtoh(&self.local)?;
-        // Every tensor has a scalar (the CPU codec's order); float tensors' are never used.
+        // One scalar per tensor, in the CPU codec's order. A tensor sent in float reports 0
+        // here where the CPU codec reports its max: its scale is never used, and the ranks'
+        // element-wise max is unchanged for every ternary tensor.
         let mut out = vec![0f32; self.float.len()];
         for (j, &t) in self.ternary.iter().enumerate() {
             out[t] = local[j];
         }
-        // A float tensor's statistic is still reported by the CPU codec; compute it there
-        // only if someone needs it: ranks take the max, and a float tensor's scale is unused.
         Ok(out)
     }
 

@@ -5,7 +5,7 @@ use burn::prelude::*;
 use burn::tensor::activation::relu;
 
 use super::init::ParamInit;
-use super::net::{int_tensor, mismatch, Net};
+use super::net::{flat_images, mismatch, Net};
 use super::ModelKind;
 use crate::data::Batch;
 use crate::error::Result;
@@ -37,16 +37,10 @@ impl Mlp {
 
 impl Net for Mlp {
     fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)> {
-        let Batch::Images(b) = batch else {
-            return Err(mismatch(ModelKind::Mlp, batch));
-        };
-        let n = b.labels.len();
-        let d = b.shape.iter().product::<usize>();
-        let x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, d]), device);
+        let (x, y) = flat_images(batch, device).ok_or_else(|| mismatch(ModelKind::Mlp, batch))?;
         let x = relu(self.fc1.forward(x));
         let x = relu(self.fc2.forward(x));
-        let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
-        Ok((self.fc3.forward(x), int_tensor(&y, [n], device)))
+        Ok((self.fc3.forward(x), y))
     }
 
     fn init_plan(&self) -> Vec<ParamInit> {
@@ -92,17 +86,12 @@ impl WideMlp {
 
 impl Net for WideMlp {
     fn logits(&self, batch: &Batch, device: &Device) -> Result<(Tensor<2>, Tensor<1, Int>)> {
-        let Batch::Images(b) = batch else {
-            return Err(mismatch(ModelKind::Mlp, batch));
-        };
-        let n = b.labels.len();
-        let d = b.shape.iter().product::<usize>();
-        let mut x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, d]), device);
+        let (mut x, y) =
+            flat_images(batch, device).ok_or_else(|| mismatch(ModelKind::Mlp, batch))?;
         for layer in &self.hidden {
             x = relu(layer.forward(x));
         }
-        let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
-        Ok((self.out.forward(x), int_tensor(&y, [n], device)))
+        Ok((self.out.forward(x), y))
     }
 
     fn init_plan(&self) -> Vec<ParamInit> {

@@ -11,7 +11,7 @@ mod lstm;
 mod mlp;
 mod net;
 
-pub use net::{BurnModel, Net};
+pub use net::{flat_images, BurnModel, Net};
 mod resnet;
 
 use std::str::FromStr;

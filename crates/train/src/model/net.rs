@@ -84,6 +84,20 @@ fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
     picked.mean().neg()
 }
 
+/// An image batch as a `[n, features]` float tensor (each image flattened) and its `[n]`
+/// labels, on `device`: the inputs and targets of a fully connected classifier. `None` for a
+/// text batch.
+pub fn flat_images(batch: &Batch, device: &Device) -> Option<(Tensor<2>, Tensor<1, Int>)> {
+    let Batch::Images(b) = batch else {
+        return None;
+    };
+    let n = b.labels.len();
+    let d = b.shape.iter().product::<usize>();
+    let x = Tensor::<2>::from_data(TensorData::new(b.pixels.clone(), [n, d]), device);
+    let y: Vec<i64> = b.labels.iter().map(|&l| i64::from(l)).collect();
+    Some((x, int_tensor(&y, [n], device)))
+}
+
 /// Converts targets to an integer tensor on `device`.
 pub(crate) fn int_tensor<const D: usize>(
     ids: &[i64],

@@ -25,18 +25,31 @@ use crate::R;
 
 /// An IDX file (gzip): its dimensions and bytes.
 fn idx(path: &Path) -> R<(Vec<usize>, Vec<u8>)> {
+    // Fashion-MNIST's largest file is 47 MB unpacked: refuse anything far beyond it rather
+    // than inflate a gzip bomb.
+    const MAX: u64 = 1 << 28;
+    let bad = |what: &str| format!("{}: {what}", path.display());
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path)?).read_to_end(&mut raw)?;
-    if raw.len() < 4 || raw[0] != 0 || raw[1] != 0 || raw[2] != 8 {
-        return Err(format!("{}: not an unsigned-byte IDX file", path.display()).into());
+    flate2::read::GzDecoder::new(std::fs::File::open(path)?)
+        .take(MAX + 1)
+        .read_to_end(&mut raw)?;
+    if raw.len() as u64 > MAX {
+        return Err(bad("larger than 256 MiB unpacked").into());
     }
-    let nd = raw[3] as usize;
-    let head = 4 + 4 * nd;
-    let dims: Vec<usize> = (0..nd)
-        .map(|d| u32::from_be_bytes(raw[4 + 4 * d..8 + 4 * d].try_into().unwrap()) as usize)
+    if raw.len() < 4 || raw[0] != 0 || raw[1] != 0 || raw[2] != 8 {
+        return Err(bad("not an unsigned-byte IDX file").into());
+    }
+    let head = 4 + 4 * raw[3] as usize;
+    if raw.len() < head {
+        return Err(bad("truncated header").into());
+    }
+    let dims: Vec<usize> = raw[4..head]
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
         .collect();
-    if raw.len() != head + dims.iter().product::<usize>() {
-        return Err(format!("{}: length does not match its dimensions", path.display()).into());
+    let body = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if body != Some(raw.len() - head) || dims.is_empty() {
+        return Err(bad("length does not match its dimensions").into());
     }
     Ok((dims, raw[head..].to_vec()))
 }
@@ -45,6 +58,11 @@ fn idx(path: &Path) -> R<(Vec<usize>, Vec<u8>)> {
 fn images(dir: &Path, name: &str) -> R<(Vec<f32>, Vec<u32>, usize)> {
     let (d, px) = idx(&dir.join(format!("{name}-images-idx3-ubyte.gz")))?;
     let (_, lb) = idx(&dir.join(format!("{name}-labels-idx1-ubyte.gz")))?;
+    // The kernels index images and labels by row: the counts, the image size and the labels
+    // must agree before anything reaches the device.
+    if d.len() != 3 || d[1] * d[2] != 784 || d[0] != lb.len() || lb.iter().any(|&l| l > 9) {
+        return Err(format!("{name}: not Fashion-MNIST's 28x28 images with labels 0..9").into());
+    }
     let x = px
         .iter()
         .map(|&p| (p as f32 / 255.0 - 0.2860) / 0.3530)
