@@ -1,0 +1,399 @@
+//! One server shard: the chunks it owns, their updater state, consistency bookkeeping,
+//! exactly-once dedup, checkpoints and the write-ahead log. Sans-IO: [`Shard::handle`] takes
+//! a decoded request and returns the response, blocking (with a deadline) where the
+//! consistency mode says a request must wait. The TCP server in `server.rs` calls it from
+//! one thread per connection.
+//!
+//! Exactly-once: each worker's pushes to a shard carry `seq`; the shard keeps, per worker
+//! and incarnation, `base` (every seq below it was applied) and the applied seqs in
+//! `[base, base + window)`. A repeat is acknowledged without being applied; a seq beyond
+//! the window is refused (`WindowExceeded`); an older incarnation is refused (`Fenced`).
+//! The dedup state is part of the checkpoint and the WAL replay, so it survives restarts.
+//!
+//! Sync rounds count distinct workers: a second push by a worker already in the open round
+//! waits for the next round (it is never double-counted). A round closes when every worker
+//! that has not left has pushed; a dead one (no message for `heartbeat_timeout`) makes the
+//! waiters fail with `WorkerLost` naming it (strict) or is left out (shrink).
+//!
+//! WAL records (after the lsn u64): kind 1 = an applied request (Hello, Leave, Init, Push)
+//! as a full encoded frame; kind 2 = a sync round closed, chunk (key u64, index u32).
+//! Replaying them on top of the last checkpoint rebuilds the exact state.
+//!
+//! Checkpoint body: lsn u64, workers u32, per worker (incarnation u64, base u64, left u8,
+//! n u32 + n applied seqs u64, n u32 + n × (chunk, round u64)); chunks u32, per chunk (in
+//! id order): Init frame (u32 length + frame), step u64, f32s a, f32s b, round u64,
+//! n_grad u32, f32s pend_grad, f32s pend_add, n u32 + n contributor ids u32, n u32 + n
+//! clocks u64.
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::durability::{read_checkpoint, Wal};
+use crate::spec::{ChunkId, Consistency};
+use crate::wire::{ErrorCode, RemoteError, Request, Response};
+
+mod durable;
+mod pull;
+mod push;
+mod rounds;
+mod state;
+mod tables;
+mod vecops;
+mod workers;
+
+pub use durable::{check_checkpoint_body, check_wal_bytes};
+use state::{Chunk, Live, State, WorkerSlot};
+
+/// Settings of one shard.
+#[derive(Debug, Clone)]
+pub struct ShardConfig {
+    /// This shard's index.
+    pub shard_id: u32,
+    /// Workers `0..num_workers` may connect.
+    pub num_workers: u32,
+    /// A worker silent for this long is dead.
+    pub heartbeat_timeout: Duration,
+    /// The longest any request waits on the server (sync round, SSP bound).
+    pub max_wait: Duration,
+    /// Dedup window per worker (sequence numbers).
+    pub dedup_window: u64,
+    /// Directory for checkpoints and the WAL (`None`: memory only).
+    pub dir: Option<PathBuf>,
+    /// Keep a write-ahead log in `dir`, acknowledging a push only once it is durable.
+    pub wal: bool,
+    /// fsync each WAL append (turn off only to measure its cost).
+    pub wal_sync: bool,
+    /// Largest frame body accepted.
+    pub max_body: usize,
+    /// Seed given to codec decoders.
+    pub seed: u64,
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        ShardConfig {
+            shard_id: 0,
+            num_workers: 1,
+            heartbeat_timeout: Duration::from_secs(10),
+            max_wait: Duration::from_secs(30),
+            dedup_window: 4096,
+            dir: None,
+            wal: false,
+            wal_sync: true,
+            max_body: crate::wire::DEFAULT_MAX_BODY,
+            seed: 0,
+        }
+    }
+}
+
+/// A shard's counters (Stats response order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Pushes applied (or joined to a round).
+    pub applied: u64,
+    /// Repeated pushes acknowledged without applying.
+    pub duplicates: u64,
+    /// Sync rounds closed.
+    pub rounds: u64,
+    /// Malformed frames (connection dropped).
+    pub rejected_frames: u64,
+    /// Well-formed requests answered with an error.
+    pub request_errors: u64,
+    /// WAL records appended.
+    pub wal_records: u64,
+    /// WAL records replayed at open.
+    pub replayed: u64,
+    /// Pushes refused because their incarnation was fenced.
+    pub fenced: u64,
+}
+
+impl ShardStats {
+    /// As the Stats response's counter list.
+    pub fn to_vec(&self) -> Vec<u64> {
+        vec![
+            self.applied,
+            self.duplicates,
+            self.rounds,
+            self.rejected_frames,
+            self.request_errors,
+            self.wal_records,
+            self.replayed,
+            self.fenced,
+        ]
+    }
+
+    /// From a Stats response's counter list (missing counters are 0).
+    pub fn from_slice(v: &[u64]) -> Self {
+        let g = |i: usize| v.get(i).copied().unwrap_or(0);
+        ShardStats {
+            applied: g(0),
+            duplicates: g(1),
+            rounds: g(2),
+            rejected_frames: g(3),
+            request_errors: g(4),
+            wal_records: g(5),
+            replayed: g(6),
+            fenced: g(7),
+        }
+    }
+}
+
+/// A handled request: a response to encode, or one already encoded into the caller's frame.
+enum Out {
+    Resp(Response),
+    Encoded,
+}
+
+/// One parameter-server shard (see the module doc).
+pub struct Shard {
+    cfg: ShardConfig,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+type Rejection = Box<RemoteError>;
+
+fn err(code: ErrorCode, worker: Option<u32>, value: u64, message: impl Into<String>) -> Rejection {
+    Box::new(RemoteError {
+        code,
+        worker,
+        value,
+        message: message.into(),
+    })
+}
+
+fn invalid(message: impl Into<String>) -> Rejection {
+    err(ErrorCode::InvalidArgument, None, 0, message)
+}
+impl Shard {
+    /// Opens a shard: loads the last checkpoint from `cfg.dir` and replays the WAL.
+    pub fn open(cfg: ShardConfig) -> crate::Result<Shard> {
+        let now = Instant::now();
+        let mut st = State {
+            chunks: BTreeMap::new(),
+            workers: (0..cfg.num_workers).map(|_| WorkerSlot::new(now)).collect(),
+            vecs: HashMap::new(),
+            lsn: 0,
+            wal: None,
+            stats: ShardStats::default(),
+            frame: Vec::new(),
+        };
+        let shard = Shard {
+            cfg,
+            state: Mutex::new(State {
+                chunks: BTreeMap::new(),
+                workers: Vec::new(),
+                vecs: HashMap::new(),
+                lsn: 0,
+                wal: None,
+                stats: ShardStats::default(),
+                frame: Vec::new(),
+            }),
+            cv: Condvar::new(),
+        };
+        if let Some(dir) = &shard.cfg.dir {
+            std::fs::create_dir_all(dir).map_err(crate::Error::Durability)?;
+            if let Some(body) =
+                read_checkpoint(&shard.ckpt_path()).map_err(crate::Error::Durability)?
+            {
+                shard
+                    .restore(&mut st, &body, now)
+                    .map_err(crate::Error::CorruptCheckpoint)?;
+            }
+            if shard.cfg.wal {
+                let path = dir.join(format!("shard-{}.wal", shard.cfg.shard_id));
+                let (wal, records) = Wal::open(&path, shard.cfg.wal_sync, shard.cfg.max_body + 64)
+                    .map_err(crate::Error::Durability)?;
+                for r in &records {
+                    shard.replay(&mut st, r, now);
+                }
+                st.wal = Some(wal);
+            }
+        }
+        *shard.state.lock().expect("shard lock") = st;
+        Ok(shard)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ShardConfig {
+        &self.cfg
+    }
+
+    fn ckpt_path(&self) -> PathBuf {
+        self.cfg
+            .dir
+            .clone()
+            .unwrap_or_default()
+            .join(format!("shard-{}.ckpt", self.cfg.shard_id))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug; keep serving the state anyway.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ShardStats {
+        self.lock().stats
+    }
+
+    /// Counts a malformed frame (called by the server before dropping the connection).
+    pub fn note_rejected_frame(&self) {
+        self.lock().stats.rejected_frames += 1;
+    }
+
+    /// Wakes every waiter (so it re-checks liveness).
+    pub fn tick(&self) {
+        self.cv.notify_all();
+    }
+
+    /// Handles one request, waiting at most `max_wait` where the consistency mode says so.
+    pub fn handle(&self, req: Request) -> Response {
+        match self.dispatch(req, None) {
+            Out::Resp(r) => r,
+            Out::Encoded => unreachable!("no frame buffer was given"),
+        }
+    }
+
+    /// Like [`Shard::handle`], but writes the response frame (request id `rid`) into `out`;
+    /// values are encoded straight from the chunk, without an intermediate copy.
+    pub fn handle_into(&self, req: Request, rid: u64, out: &mut Vec<u8>) {
+        if let Out::Resp(r) = self.dispatch(req, Some((rid, &mut *out))) {
+            r.encode(rid, out);
+        }
+    }
+
+    fn dispatch(&self, req: Request, frame: Option<(u64, &mut Vec<u8>)>) -> Out {
+        let deadline = Instant::now() + self.cfg.max_wait;
+        let r = match req {
+            Request::Hello {
+                worker,
+                incarnation,
+            } => {
+                let mut st = self.lock();
+                self.touch(&mut st, worker, Some(incarnation), true)
+                    .map(|_| {
+                        Out::Resp(Response::Ok {
+                            value: self.cfg.shard_id as u64,
+                        })
+                    })
+            }
+            Request::Heartbeat {
+                worker,
+                incarnation,
+            } => {
+                let mut st = self.lock();
+                self.touch(&mut st, worker, Some(incarnation), false)
+                    .map(|_| Out::Resp(Response::Ok { value: 0 }))
+            }
+            Request::Leave {
+                worker,
+                incarnation,
+            } => {
+                let mut st = self.lock();
+                self.touch(&mut st, worker, Some(incarnation), false)
+                    .and_then(|_| {
+                        let req = Request::Leave {
+                            worker,
+                            incarnation,
+                        };
+                        self.log_request(&mut st, &req)?;
+                        st.workers[worker.0 as usize].left = true;
+                        self.cv.notify_all();
+                        Ok(Out::Resp(Response::Ok { value: 0 }))
+                    })
+            }
+            Request::Init {
+                chunk,
+                spec,
+                values,
+            } => self.init(chunk, spec, values).map(Out::Resp),
+            Request::Push(p) => self
+                .push(p, deadline)
+                .map(|(round, _)| Out::Resp(Response::Ok { value: round })),
+            Request::PushPull(p) => {
+                let worker = p.worker;
+                let chunk = p.chunk;
+                let sync = matches!(self.spec_of(chunk), Some(Consistency::Sync));
+                self.push(p, deadline).and_then(|(round, st)| {
+                    drop(st);
+                    let clock = if sync { round + 1 } else { 0 };
+                    self.pull(worker, chunk, clock, None, deadline, frame)
+                })
+            }
+            Request::Pull {
+                worker,
+                chunk,
+                clock,
+                rows,
+            } => self.pull(worker, chunk, clock, rows, deadline, frame),
+            Request::Checkpoint => self
+                .checkpoint()
+                .map(|lsn| Out::Resp(Response::Ok { value: lsn })),
+            Request::Stats => Ok(Out::Resp(Response::Stats(self.stats().to_vec()))),
+            Request::VecOp(op) => self.vec_op(op).map(Out::Resp),
+            Request::SetVec {
+                slot,
+                chunk,
+                values,
+            } => self.set_vec(slot, chunk, values).map(Out::Resp),
+        };
+        match r {
+            Ok(out) => out,
+            Err(e) => {
+                let mut st = self.lock();
+                st.stats.request_errors += 1;
+                if e.code == ErrorCode::Fenced {
+                    st.stats.fenced += 1;
+                }
+                Out::Resp(Response::Error(*e))
+            }
+        }
+    }
+
+    fn spec_of(&self, chunk: ChunkId) -> Option<Consistency> {
+        self.lock().chunks.get(&chunk).map(|c| c.spec.consistency)
+    }
+
+    /// Waits on the condvar until `ready` says so, the deadline passes (a `Timeout` naming
+    /// what is missing), or `ready` fails.
+    fn wait<'a, F, M>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        deadline: Instant,
+        mut ready: F,
+        missing: M,
+    ) -> Result<MutexGuard<'a, State>, Rejection>
+    where
+        F: FnMut(&Self, &mut State, Instant) -> Result<bool, Rejection>,
+        M: Fn(&State) -> (Option<u32>, String),
+    {
+        let tick = (self.cfg.heartbeat_timeout / 4)
+            .clamp(Duration::from_millis(5), Duration::from_millis(250));
+        loop {
+            let now = Instant::now();
+            if ready(self, &mut st, now)? {
+                return Ok(st);
+            }
+            if now >= deadline {
+                let (w, msg) = missing(&st);
+                return Err(err(
+                    ErrorCode::Timeout,
+                    w,
+                    self.cfg.max_wait.as_millis() as u64,
+                    msg,
+                ));
+            }
+            let d = (deadline - now).min(tick);
+            st = self
+                .cv
+                .wait_timeout(st, d)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
