@@ -1,5 +1,6 @@
 //! `gradwire ps serve`: one parameter-server shard (crates/ps) until stopped, under any
-//! launcher (the shard id defaults to the launcher's rank) or alone.
+//! launcher (the shard id defaults to the launcher's rank) or alone. Connections must prove
+//! the token in `GRADWIRE_PS_TOKEN`, else `GRADWIRE_TOKEN` (`gradwire_ps::auth`).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -49,6 +50,11 @@ pub struct ServeArgs {
     /// Write a checkpoint every this many seconds (needs --dir).
     #[arg(long)]
     checkpoint_every: Option<f64>,
+    /// Listen off loopback without a token. Every connection proves the token in
+    /// GRADWIRE_PS_TOKEN (else GRADWIRE_TOKEN); without one, anyone who reaches the port
+    /// can act as any worker, so the shard refuses to start off loopback unless given this.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Runs a `ps` subcommand.
@@ -81,6 +87,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
     };
     let mut cfg = ServerConfig::loopback(shard);
     cfg.listen = a.listen;
+    cfg.insecure = a.insecure;
     cfg.checkpoint_every = a
         .checkpoint_every
         .map(|s| seconds("--checkpoint-every", s))

@@ -801,6 +801,22 @@ impl Default for ShardOptions {
     }
 }
 
+/// The token this run's shards and workers share: `GRADWIRE_PS_TOKEN` or `GRADWIRE_TOKEN`
+/// if either is set, else 128 random bits. Stored in this process's `GRADWIRE_PS_TOKEN`,
+/// so the worker processes started later inherit it (a launcher replaces their
+/// `GRADWIRE_TOKEN` with its own) and in-process clients read it. Call it before starting
+/// other threads.
+pub fn ensure_ps_token() -> String {
+    let token = gradwire_ps::auth::token_from_env();
+    let token = if token.is_empty() {
+        format!("{:032x}", rand::random::<u128>())
+    } else {
+        token
+    };
+    std::env::set_var(gradwire_ps::auth::PS_TOKEN_ENV, &token);
+    token
+}
+
 /// Shard processes (`gradwire ps serve`) of this run; dropping stops them.
 pub struct Shards {
     children: Vec<Child>,
@@ -810,8 +826,11 @@ pub struct Shards {
 
 impl Shards {
     /// Starts `n` shards for `workers` workers on loopback and waits for their addresses.
+    /// The shards take this process's PS token ([`ensure_ps_token`]), which the workers
+    /// started after inherit.
     pub fn start(n: usize, workers: usize, opts: &ShardOptions) -> Result<Shards> {
         let exe = std::env::current_exe().context("locating the gradwire binary")?;
+        let token = ensure_ps_token();
         let mut shards = Shards {
             children: Vec::new(),
             addrs: Vec::new(),
@@ -825,6 +844,7 @@ impl Shards {
                 .arg(format!("--heartbeat-timeout={}", opts.heartbeat_timeout_s))
                 .env_remove("GRADWIRE_RANK")
                 .env_remove("GRADWIRE_WORLD_SIZE")
+                .env(gradwire_ps::auth::PS_TOKEN_ENV, &token)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped());
             // The shard leads its own process group and dies with this process.

@@ -1,5 +1,9 @@
 //! The worker side: [`KvStore`] talks to every shard over one TCP connection each.
 //!
+//! Every new connection first proves the token with the transport's handshake
+//! ([`crate::auth`]), as this worker and role; a shard that does not prove it back is
+//! treated as unreachable (the attempt fails and is retried).
+//!
 //! Every request is retried (reconnecting, with backoff) until the operation's deadline on
 //! I/O errors, timeouts, corrupt replies and "your frame was malformed" answers; a push
 //! keeps its sequence number across retries, so the shard applies it once. Replies carry
@@ -15,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gradwire_codec::{BuildContext, Codec};
 
+use crate::auth::{token_from_env, Peer, Role};
 use crate::placement::{ChunkPlace, Placement};
 use crate::spec::{ChunkId, Consistency, Key, PushCodec, PushMode, TableSpec, WorkerId};
 use crate::twobit::TwoBit;
@@ -52,6 +57,10 @@ pub struct ClientConfig {
     pub max_body: usize,
     /// Seed of stochastic codecs.
     pub seed: u64,
+    /// The token to prove to the shards (default: [`crate::auth::token_from_env`]).
+    pub token: String,
+    /// This client's role (default: the coordinator for worker 0, a worker otherwise).
+    pub role: Role,
 }
 
 impl ClientConfig {
@@ -74,6 +83,12 @@ impl ClientConfig {
             imbalance: 1.25,
             max_body: DEFAULT_MAX_BODY,
             seed: 0,
+            token: token_from_env(),
+            role: if worker.0 == 0 {
+                Role::Coordinator
+            } else {
+                Role::Worker
+            },
         }
     }
 }
@@ -179,9 +194,16 @@ impl Conn {
         timeout: Duration,
     ) -> std::result::Result<Response, String> {
         if self.stream.is_none() {
-            let s = TcpStream::connect_timeout(&self.addr, cfg.connect_timeout)
+            let mut s = TcpStream::connect_timeout(&self.addr, cfg.connect_timeout)
                 .map_err(|e| format!("connect: {e}"))?;
             let _ = s.set_nodelay(true);
+            let peer = Peer {
+                worker: cfg.worker,
+                role: cfg.role,
+            };
+            let limit = timeout.min(crate::server::DEFAULT_HANDSHAKE_TIMEOUT);
+            crate::auth::connect(&mut s, &cfg.token, peer, Instant::now() + limit)
+                .map_err(|e| format!("handshake: {e}"))?;
             self.stream = Some(s);
             // Register on every new connection (a restarted shard learns us again).
             let mut hello = std::mem::take(&mut self.hello);
@@ -221,8 +243,16 @@ impl Conn {
                 Err(e) => return Err(format!("reply: {e}")),
             };
             self.received += (crate::wire::HEADER_LEN + self.body.len()) as u64;
-            if h.rid != rid {
+            if h.rid != rid && h.rid != 0 {
                 continue; // a late reply to an earlier attempt
+            }
+            if h.rid == 0 {
+                // Request id 0: the shard's word on the connection itself (busy, or our
+                // frame could not be read), never a reply to an earlier attempt.
+                match Response::decode(&h, &self.body) {
+                    Ok(r @ Response::Error(_)) => return Ok(r),
+                    _ => continue,
+                }
             }
             return Response::decode(&h, &self.body).map_err(|e| format!("reply: {e}"));
         }
@@ -246,6 +276,9 @@ impl Conn {
                 Ok(Response::Error(e)) if e.code.is_protocol() => {
                     // Our frame arrived damaged; the shard dropped the connection.
                     format!("shard saw a malformed frame: {}", e.message)
+                }
+                Ok(Response::Error(e)) if e.code == ErrorCode::Busy => {
+                    format!("shard busy: {}", e.message)
                 }
                 Ok(Response::Error(e)) => return Err(remote_to_error(self.shard, e)),
                 Ok(r) => return Ok(r),
@@ -338,9 +371,10 @@ impl KvStore {
         self.tables.get(&key).map(|t| &t.places[..])
     }
 
-    /// Declares table `key` and initializes it with `values` (the first worker's init
-    /// wins on the server; the others' are acknowledged). Every worker must make the same
-    /// `init` calls in the same order: the placement depends on that sequence.
+    /// Declares table `key` and initializes it with `values`. The coordinator's init
+    /// creates the table (the first one wins); a worker's waits for the table to exist and
+    /// is acknowledged when it matches. Every worker must make the same `init` calls in the
+    /// same order: the placement depends on that sequence.
     pub fn init(&mut self, key: Key, spec: TableSpec, values: &[f32]) -> Result<()> {
         if let Some(t) = self.tables.get(&key) {
             if t.spec == spec && t.len == values.len() {
@@ -362,7 +396,22 @@ impl KvStore {
                 values: values[p.start..p.start + p.len].to_vec(),
             }
             .encode(0, &mut frame);
-            self.conns[p.shard].call(&mut frame, &self.cfg, deadline)?;
+            // A worker's init waits for the coordinator's table (the shard answers
+            // NotInitialized after its own wait; ask again until our deadline).
+            loop {
+                match self.conns[p.shard].call(&mut frame, &self.cfg, deadline) {
+                    Err(Error::Remote {
+                        code: ErrorCode::NotInitialized,
+                        ..
+                    }) if self.cfg.role == Role::Worker && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    r => {
+                        r?;
+                        break;
+                    }
+                }
+            }
         }
         let encs = places
             .iter()

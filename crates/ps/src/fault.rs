@@ -1,7 +1,8 @@
 //! Fault injection users can run: a seeded TCP proxy over the client↔shard message path, and
 //! a guard for real shard processes that tests can SIGKILL and restart.
 //!
-//! [`FaultProxy`] sits between clients and one shard and forwards whole PS frames. For each
+//! [`FaultProxy`] sits between clients and one shard, passes each connection's handshake
+//! through untouched, then forwards whole PS frames. For each
 //! frame, in each direction, a ChaCha8 stream seeded from (seed, connection number,
 //! direction) decides whether to drop it, duplicate it, hold it back and send it after the
 //! next frame (reorder), delay it, or flip one bit of its checksum or body (corrupt).
@@ -23,6 +24,8 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use gradwire_transport::tcp::service::{ACCEPTING_SIDE_BYTES, CONNECTING_SIDE_BYTES};
 
 use crate::wire::HEADER_LEN;
 
@@ -105,8 +108,17 @@ impl FaultProxy {
                     };
                     let seed = cfg.seed ^ ((n as u64) << 8) ^ dir;
                     let faulty = dir == 0 || cfg.both_directions;
+                    let handshake = if dir == 0 {
+                        CONNECTING_SIDE_BYTES
+                    } else {
+                        ACCEPTING_SIDE_BYTES
+                    };
                     let (cfg, p, c) = (cfg.clone(), p.clone(), c.clone());
-                    std::thread::spawn(move || pump(from, to, seed, faulty, &cfg, &p, &c));
+                    std::thread::spawn(move || {
+                        if pass_handshake(&from, &to, handshake) {
+                            pump(from, to, seed, faulty, &cfg, &p, &c)
+                        }
+                    });
                 }
             }
         });
@@ -151,6 +163,25 @@ fn read_raw_frame(s: &mut TcpStream) -> io::Result<Vec<u8>> {
     f.resize(HEADER_LEN + len, 0);
     s.read_exact(&mut f[HEADER_LEN..])?;
     Ok(f)
+}
+
+/// Forwards the `n` handshake bytes of one direction untouched, as they come (faults apply
+/// to PS frames only); `false` (both ends shut) when either side fails first.
+fn pass_handshake(mut from: &TcpStream, mut to: &TcpStream, n: usize) -> bool {
+    let mut left = n;
+    let mut buf = [0u8; 256];
+    while left > 0 {
+        let want = left.min(buf.len());
+        match from.read(&mut buf[..want]) {
+            Ok(k) if k > 0 && to.write_all(&buf[..k]).is_ok() => left -= k,
+            _ => {
+                let _ = from.shutdown(Shutdown::Both);
+                let _ = to.shutdown(Shutdown::Both);
+                return false;
+            }
+        }
+    }
+    true
 }
 
 fn pump(
@@ -241,8 +272,18 @@ pub struct ShardProcess {
 impl ShardProcess {
     /// Runs `bin` with `args`, waits (up to 20 s) for its `listening on ADDR` line.
     pub fn spawn(bin: &Path, args: &[String]) -> io::Result<ShardProcess> {
+        Self::spawn_with_env(bin, args, &[])
+    }
+
+    /// [`ShardProcess::spawn`] with `env` added to the child's environment.
+    pub fn spawn_with_env(
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> io::Result<ShardProcess> {
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;

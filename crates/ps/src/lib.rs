@@ -67,6 +67,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod auth;
 mod client;
 mod downpour;
 pub mod durability;
@@ -80,10 +81,11 @@ mod twobit;
 mod updater;
 pub mod wire;
 
+pub use auth::{Peer, Role};
 pub use client::{ClientConfig, KvStore, PullInfo};
 pub use downpour::Downpour;
 pub use placement::{ChunkPlace, Placement};
-pub use server::{Server, ServerConfig};
+pub use server::{Server, ServerConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use shard::{check_checkpoint_body, check_wal_bytes, Shard, ShardConfig, ShardStats};
 pub use spec::{ChunkId, Consistency, DeadPolicy, Key, PushCodec, PushMode, TableSpec, WorkerId};
 pub use twobit::{TwoBit, TwoBitConfig};
@@ -162,6 +164,16 @@ pub enum Error {
     /// A checkpoint file is corrupt.
     #[error("corrupt checkpoint: {0}")]
     CorruptCheckpoint(WireError),
+    /// A shard was asked to listen off loopback without a token (and without `insecure`).
+    #[error(
+        "refusing to listen on {listen} without a token: anyone who can reach it could act \
+         as any worker; set GRADWIRE_PS_TOKEN (or GRADWIRE_TOKEN) on the shards and the \
+         workers, or pass --insecure"
+    )]
+    Insecure {
+        /// The address asked for.
+        listen: SocketAddr,
+    },
     /// Binding or accepting failed.
     #[error("server i/o: {0}")]
     Io(#[from] std::io::Error),

@@ -31,7 +31,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::spec::{ChunkId, Consistency, Key, TableSpec, WorkerId};
 use crate::updater::UpdaterSpec;
 use crate::wire::{Request, Response, VecOp};
-use crate::{ClientConfig, Error, KvStore, Result};
+use crate::{ClientConfig, Error, KvStore, Result, Role};
 
 mod mlp;
 pub use mlp::Mlp;
@@ -485,9 +485,16 @@ pub fn run_observed(
     observe: &mut dyn FnMut(&mut Progress<'_>) -> bool,
 ) -> Result<Report> {
     let t0 = Instant::now();
+    // The coordinator (worker id `workers`) creates the table and runs the vector ops; the
+    // worker threads only read it.
     let client = |w: usize| {
         let mut c = ClientConfig::new(WorkerId(w as u32), shards.clone());
         c.chunk_elems = cfg.chunk_elems;
+        c.role = if w == workers {
+            Role::Coordinator
+        } else {
+            Role::Worker
+        };
         c
     };
     let spec = TableSpec::new(Consistency::Async, UpdaterSpec::Sum);

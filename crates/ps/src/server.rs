@@ -1,4 +1,13 @@
-//! The TCP front of a shard: a listener, one thread per connection, frames in and out.
+//! The TCP front of a shard: a listener, the handshake gate, one thread per admitted
+//! connection, frames in and out.
+//!
+//! The accept thread runs every pending handshake at once (the transport's gate: one
+//! `poll(2)` loop, a deadline per connection), so strangers that connect and stay silent
+//! cost a real client nothing; a connection that fails the handshake is closed without a
+//! PS byte. An admitted connection is bound to the [`Peer`] it proved to be and gets its
+//! own thread, up to [`ServerConfig::max_connections`]: beyond, it gets a `Busy` error and
+//! is closed (the client retries). When `accept(2)` fails (out of file descriptors, say)
+//! the loop backs off, 5 ms doubling to 1 s, and logs one line a second at most.
 //!
 //! Each connection reads one frame at a time with a deadline (`frame_timeout`, which also
 //! closes idle or slowloris connections), decodes it, lets the [`Shard`] handle it and
@@ -7,13 +16,21 @@
 
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use gradwire_transport::tcp::service::ServiceGate;
+
+use crate::auth::{may_listen, token_from_env, Peer, SERVICE_ID};
 use crate::shard::{Shard, ShardConfig};
-use crate::wire::{read_frame, ReadError, RemoteError, Request, Response};
+use crate::wire::{read_frame, ErrorCode, ReadError, RemoteError, Request, Response};
+
+/// Default deadline of one connection's whole handshake.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on authenticated connections served at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// Settings of a shard server.
 #[derive(Debug, Clone)]
@@ -26,16 +43,30 @@ pub struct ServerConfig {
     pub frame_timeout: Duration,
     /// Write a checkpoint this often (needs `shard.dir`; `None`: only on request).
     pub checkpoint_every: Option<Duration>,
+    /// The token every connection must prove it knows (default:
+    /// [`crate::auth::token_from_env`]).
+    pub token: String,
+    /// Listen off loopback with an empty token anyway (anyone who can reach the port can
+    /// then act as any worker).
+    pub insecure: bool,
+    /// Deadline of one connection's whole handshake.
+    pub handshake_timeout: Duration,
+    /// Most authenticated connections served at once.
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
-    /// Listens on 127.0.0.1, any free port.
+    /// Listens on 127.0.0.1, any free port, with the token from the environment.
     pub fn loopback(shard: ShardConfig) -> Self {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             shard,
             frame_timeout: Duration::from_secs(60),
             checkpoint_every: None,
+            token: token_from_env(),
+            insecure: false,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -51,28 +82,23 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the shard (checkpoint, WAL replay), binds, and starts serving.
+    /// Opens the shard (checkpoint, WAL replay), binds, and starts serving. Refuses
+    /// ([`crate::Error::Insecure`]) to listen off loopback without a token unless
+    /// `insecure` is set.
     pub fn start(cfg: ServerConfig) -> crate::Result<Server> {
+        if !may_listen(cfg.listen.ip(), &cfg.token, cfg.insecure) {
+            return Err(crate::Error::Insecure { listen: cfg.listen });
+        }
         let shard = Arc::new(Shard::open(cfg.shard.clone())?);
         let listener = TcpListener::bind(cfg.listen)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (s2, stop2) = (shard.clone(), stop.clone());
-        let frame_timeout = cfg.frame_timeout;
-        let accept = std::thread::Builder::new()
-            .name(format!("ps-accept-{}", cfg.shard.shard_id))
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let shard = s2.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("ps-conn".into())
-                        .spawn(move || serve_connection(&shard, conn, frame_timeout));
-                }
-            })?;
+        let accept = {
+            let (shard, stop, cfg) = (shard.clone(), stop.clone(), cfg.clone());
+            std::thread::Builder::new()
+                .name(format!("ps-accept-{}", cfg.shard.shard_id))
+                .spawn(move || accept_loop(&listener, &shard, &stop, &cfg))?
+        };
         let checkpointer = match (cfg.checkpoint_every, &cfg.shard.dir) {
             (Some(every), Some(_)) => {
                 let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -121,7 +147,6 @@ impl Server {
             let _ = h.join();
         }
         self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
@@ -134,7 +159,139 @@ impl Drop for Server {
     }
 }
 
-fn serve_connection(shard: &Shard, mut conn: TcpStream, frame_timeout: Duration) {
+/// How often the accept loop looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Admits connections until `stop`: handshakes through the gate, then one thread each.
+fn accept_loop(listener: &TcpListener, shard: &Arc<Shard>, stop: &AtomicBool, cfg: &ServerConfig) {
+    let num_workers = cfg.shard.num_workers;
+    let mut gate = match ServiceGate::new(
+        listener,
+        cfg.token.as_bytes(),
+        SERVICE_ID,
+        cfg.handshake_timeout,
+    ) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(error = %e, "ps shard: the listener cannot be polled; not serving");
+            return;
+        }
+    };
+    let live = Arc::new(AtomicUsize::new(0));
+    let mut backoff = AcceptBackoff::default();
+    while !stop.load(Ordering::SeqCst) {
+        let admitted = gate.next(Instant::now() + STOP_POLL, |i| {
+            match Peer::from_identity(i) {
+                Some(p) if p.worker.0 < num_workers => Ok(()),
+                Some(p) => Err(format!(
+                    "worker {} is not below the shard's worker count {num_workers}",
+                    p.worker.0
+                )),
+                None => Err(format!("unknown role {}", i.role)),
+            }
+        });
+        let conn = match admitted {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(e) => {
+                backoff.failed(&e);
+                continue;
+            }
+        };
+        backoff.reset();
+        let Some(peer) = Peer::from_identity(conn.identity) else {
+            continue; // checked by the gate
+        };
+        let mut stream = conn.stream;
+        if live.load(Ordering::SeqCst) >= cfg.max_connections {
+            shard.note_busy();
+            busy(&mut stream, cfg.max_connections);
+            continue;
+        }
+        let guard = LiveGuard::new(&live);
+        let (shard, frame_timeout) = (shard.clone(), cfg.frame_timeout);
+        let spawned = std::thread::Builder::new()
+            .name("ps-conn".into())
+            .spawn(move || {
+                let _guard = guard;
+                serve_connection(&shard, stream, &peer, frame_timeout)
+            });
+        if let Err(e) = spawned {
+            // The closure (and with it the stream and the guard) was dropped.
+            tracing::warn!(error = %e, "ps shard: no thread for a connection; closed it");
+        }
+    }
+}
+
+/// Answers an admitted connection beyond the cap with `Busy` (request id 0) and closes it.
+fn busy(stream: &mut TcpStream, max: usize) {
+    let mut out = Vec::new();
+    Response::Error(RemoteError {
+        code: ErrorCode::Busy,
+        worker: None,
+        value: max as u64,
+        message: format!("the shard serves {max} connections already; try again"),
+    })
+    .encode(0, &mut out);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+    let _ = stream.write_all(&out);
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Counts a live connection while it exists.
+struct LiveGuard(Arc<AtomicUsize>);
+
+impl LiveGuard {
+    fn new(live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::SeqCst);
+        LiveGuard(live.clone())
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Backs off after `accept(2)` fails (EMFILE and the like), logging at most once a second.
+struct AcceptBackoff {
+    pause: Duration,
+    failures: u64,
+    last_log: Option<Instant>,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        AcceptBackoff {
+            pause: Duration::from_millis(5),
+            failures: 0,
+            last_log: None,
+        }
+    }
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self, e: &std::io::Error) {
+        self.failures += 1;
+        if self
+            .last_log
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            tracing::warn!(error = %e, failures = self.failures, pause_ms = self.pause.as_millis() as u64, "ps shard: accept failed; backing off");
+            self.last_log = Some(Instant::now());
+        }
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+    }
+
+    fn reset(&mut self) {
+        self.pause = Duration::from_millis(5);
+        self.failures = 0;
+    }
+}
+
+fn serve_connection(shard: &Shard, mut conn: TcpStream, peer: &Peer, frame_timeout: Duration) {
     let _ = conn.set_nodelay(true);
     let _ = conn.set_read_timeout(Some(frame_timeout));
     let _ = conn.set_write_timeout(Some(frame_timeout));
@@ -158,7 +315,7 @@ fn serve_connection(shard: &Shard, mut conn: TcpStream, frame_timeout: Duration)
                 return;
             }
         };
-        shard.handle_into(req, header.rid, &mut out);
+        shard.handle_into_from(Some(peer), req, header.rid, &mut out);
         if conn.write_all(&out).is_err() {
             return;
         }

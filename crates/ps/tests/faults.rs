@@ -5,16 +5,16 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{addrs, client, client_cfg, shards};
+use common::{addrs, authed, client, client_cfg, shards};
 use gradwire_ps::fault::{FaultConfig, FaultProxy};
 use gradwire_ps::wire::{read_frame, ErrorCode, Request, Response, DEFAULT_MAX_BODY, HEADER_LEN};
 use gradwire_ps::{
-    ChunkId, Consistency, Key, KvStore, PushMode, Shard, ShardConfig, TableSpec, UpdaterSpec,
+    ChunkId, Consistency, Key, KvStore, PushMode, Role, Shard, ShardConfig, TableSpec, UpdaterSpec,
     WorkerId,
 };
 
@@ -148,7 +148,7 @@ fn raw_exchange(
     bytes: &[u8],
     close_write: bool,
 ) -> (Option<Response>, bool) {
-    let mut s = TcpStream::connect(addr).unwrap();
+    let mut s = authed(addr, 1, Role::Worker);
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(bytes).unwrap();
     if close_write {
@@ -272,7 +272,7 @@ fn malformed_oversized_and_truncated_frames_get_typed_errors_while_others_are_se
         payload: vec![0; 8],
     })
     .encode(4, &mut bad);
-    let mut s = TcpStream::connect(addr).unwrap();
+    let mut s = authed(addr, 1, Role::Worker);
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(&bad).unwrap();
     let mut body = Vec::new();
@@ -372,7 +372,7 @@ fn a_stalled_or_slowloris_peer_is_dropped_by_the_frame_deadline() {
     let server = gradwire_ps::Server::start(cfg).unwrap();
     let mut frame = Vec::new();
     Request::Stats.encode(1, &mut frame);
-    let mut s = TcpStream::connect(server.local_addr()).unwrap();
+    let mut s = authed(server.local_addr(), 0, Role::Worker);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // One byte every 100 ms: each read succeeds, but the whole frame misses its deadline.
     let t0 = std::time::Instant::now();

@@ -3,9 +3,11 @@
 //! ```text
 //! gradwire-ps-server [--listen ADDR] [--shard-id N] [--workers N] [--dir PATH] [--wal]
 //!                    [--no-fsync] [--heartbeat-timeout-ms MS] [--max-wait-ms MS]
-//!                    [--checkpoint-every-ms MS]
+//!                    [--checkpoint-every-ms MS] [--insecure]
 //! ```
 //! Prints `listening on ADDR` on its first stdout line (tests and launchers read it).
+//! Connections must prove the token in `GRADWIRE_PS_TOKEN`, else `GRADWIRE_TOKEN`; off
+//! loopback the shard refuses to start without one unless given `--insecure`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -55,8 +57,9 @@ fn run() -> Result<(), String> {
             }
             "--max-wait-ms" => shard.max_wait = ms(val("--max-wait-ms")?)?,
             "--checkpoint-every-ms" => ckpt_every = Some(ms(val("--checkpoint-every-ms")?)?),
+            "--insecure" => cfg.insecure = true,
             "-h" | "--help" => {
-                println!("usage: gradwire-ps-server [--listen ADDR] [--shard-id N] [--workers N] [--dir PATH] [--wal] [--no-fsync] [--heartbeat-timeout-ms MS] [--max-wait-ms MS] [--checkpoint-every-ms MS]");
+                println!("usage: gradwire-ps-server [--listen ADDR] [--shard-id N] [--workers N] [--dir PATH] [--wal] [--no-fsync] [--heartbeat-timeout-ms MS] [--max-wait-ms MS] [--checkpoint-every-ms MS] [--insecure]");
                 return Ok(());
             }
             other => return Err(format!("unknown argument {other}")),

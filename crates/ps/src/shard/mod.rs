@@ -24,6 +24,8 @@
 //! id order): Init frame (u32 length + frame), step u64, f32s a, f32s b, round u64,
 //! n_grad u32, f32s pend_grad, f32s pend_add, n u32 + n contributor ids u32, n u32 + n
 //! clocks u64.
+use crate::auth::{Peer, Role};
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -33,6 +35,7 @@ use crate::durability::{read_checkpoint, Wal};
 use crate::spec::{ChunkId, Consistency};
 use crate::wire::{ErrorCode, RemoteError, Request, Response};
 
+mod auth;
 mod durable;
 mod pull;
 mod push;
@@ -106,6 +109,10 @@ pub struct ShardStats {
     pub replayed: u64,
     /// Pushes refused because their incarnation was fenced.
     pub fenced: u64,
+    /// Authenticated connections refused because the shard served its cap already.
+    pub busy: u64,
+    /// Requests refused for exceeding a limit (reply size, tables, elements, vectors).
+    pub limited: u64,
 }
 
 impl ShardStats {
@@ -120,6 +127,8 @@ impl ShardStats {
             self.wal_records,
             self.replayed,
             self.fenced,
+            self.busy,
+            self.limited,
         ]
     }
 
@@ -135,6 +144,8 @@ impl ShardStats {
             wal_records: g(5),
             replayed: g(6),
             fenced: g(7),
+            busy: g(8),
+            limited: g(9),
         }
     }
 }
@@ -243,29 +254,59 @@ impl Shard {
         self.lock().stats.rejected_frames += 1;
     }
 
+    /// Counts an authenticated connection refused for the connection cap.
+    pub fn note_busy(&self) {
+        self.lock().stats.busy += 1;
+    }
+
     /// Wakes every waiter (so it re-checks liveness).
     pub fn tick(&self) {
         self.cv.notify_all();
     }
 
-    /// Handles one request, waiting at most `max_wait` where the consistency mode says so.
+    /// Handles one request from a trusted in-process caller (every operation allowed),
+    /// waiting at most `max_wait` where the consistency mode says so.
     pub fn handle(&self, req: Request) -> Response {
-        match self.dispatch(req, None) {
+        self.handle_from(None, req)
+    }
+
+    /// Handles one request from `peer` (`None`: a trusted in-process caller), refusing what
+    /// the peer may not do (see [`crate::auth`]).
+    pub fn handle_from(&self, peer: Option<&Peer>, req: Request) -> Response {
+        match self.dispatch(peer, req, None) {
             Out::Resp(r) => r,
-            Out::Encoded => unreachable!("no frame buffer was given"),
+            // Only a call with a frame buffer gets an encoded answer.
+            Out::Encoded => Response::Error(*invalid("internal: a response went missing")),
         }
     }
 
     /// Like [`Shard::handle`], but writes the response frame (request id `rid`) into `out`;
     /// values are encoded straight from the chunk, without an intermediate copy.
     pub fn handle_into(&self, req: Request, rid: u64, out: &mut Vec<u8>) {
-        if let Out::Resp(r) = self.dispatch(req, Some((rid, &mut *out))) {
+        self.handle_into_from(None, req, rid, out)
+    }
+
+    /// [`Shard::handle_from`] writing the response frame into `out`, as
+    /// [`Shard::handle_into`] does.
+    pub fn handle_into_from(&self, peer: Option<&Peer>, req: Request, rid: u64, out: &mut Vec<u8>) {
+        if let Out::Resp(r) = self.dispatch(peer, req, Some((rid, &mut *out))) {
             r.encode(rid, out);
         }
     }
 
-    fn dispatch(&self, req: Request, frame: Option<(u64, &mut Vec<u8>)>) -> Out {
+    fn dispatch(
+        &self,
+        peer: Option<&Peer>,
+        req: Request,
+        frame: Option<(u64, &mut Vec<u8>)>,
+    ) -> Out {
         let deadline = Instant::now() + self.cfg.max_wait;
+        if let Some(p) = peer {
+            if let Err(e) = self.authorize(p, &req) {
+                return self.refused(*e);
+            }
+        }
+        let creates = peer.is_none_or(|p| p.role == Role::Coordinator);
         let r = match req {
             Request::Hello {
                 worker,
@@ -308,7 +349,9 @@ impl Shard {
                 chunk,
                 spec,
                 values,
-            } => self.init(chunk, spec, values).map(Out::Resp),
+            } => self
+                .init(chunk, spec, values, creates, deadline)
+                .map(Out::Resp),
             Request::Push(p) => self
                 .push(p, deadline)
                 .map(|(round, _)| Out::Resp(Response::Ok { value: round })),
@@ -341,15 +384,20 @@ impl Shard {
         };
         match r {
             Ok(out) => out,
-            Err(e) => {
-                let mut st = self.lock();
-                st.stats.request_errors += 1;
-                if e.code == ErrorCode::Fenced {
-                    st.stats.fenced += 1;
-                }
-                Out::Resp(Response::Error(*e))
-            }
+            Err(e) => self.refused(*e),
         }
+    }
+
+    /// Counts a refused request and turns it into its error response.
+    fn refused(&self, e: RemoteError) -> Out {
+        let mut st = self.lock();
+        st.stats.request_errors += 1;
+        match e.code {
+            ErrorCode::Fenced => st.stats.fenced += 1,
+            ErrorCode::LimitExceeded => st.stats.limited += 1,
+            _ => {}
+        }
+        Out::Resp(Response::Error(e))
     }
 
     fn spec_of(&self, chunk: ChunkId) -> Option<Consistency> {

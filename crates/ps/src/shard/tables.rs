@@ -37,13 +37,35 @@ impl Shard {
         }
     }
 
+    /// Creates `chunk` (`creates`: the caller may create tables), or acknowledges an
+    /// identical existing one. A caller that may not create waits (until `deadline`) for
+    /// the coordinator to create it, then gets `NotInitialized`.
     pub(super) fn init(
         &self,
         chunk: ChunkId,
         spec: TableSpec,
         values: Vec<f32>,
+        creates: bool,
+        deadline: Instant,
     ) -> Result<Response, Rejection> {
         let mut st = self.lock();
+        if !creates {
+            st = self
+                .wait(
+                    st,
+                    deadline,
+                    |_, st, _| Ok(st.chunks.contains_key(&chunk)),
+                    |_| (None, String::new()),
+                )
+                .map_err(|_| {
+                    err(
+                        ErrorCode::NotInitialized,
+                        None,
+                        0,
+                        format!("{chunk} is not created yet (only the coordinator creates tables)"),
+                    )
+                })?;
+        }
         if let Some(c) = st.chunks.get(&chunk) {
             if c.spec == spec && c.values.len() == values.len() {
                 return Ok(Response::Ok { value: 0 });

@@ -182,6 +182,14 @@ pub enum ErrorCode {
     Durability = 28,
     /// The worker id is not below the server's worker count.
     UnknownWorker = 29,
+    /// The connection may not make this request (another worker's id, or a coordinator's
+    /// operation from a worker).
+    PermissionDenied = 30,
+    /// The request is above one of the shard's limits (reply size, tables, elements,
+    /// scratch vectors); `value` is the limit.
+    LimitExceeded = 31,
+    /// The shard is at its connection or memory limit right now; try again later.
+    Busy = 32,
 }
 
 impl ErrorCode {
@@ -208,6 +216,9 @@ impl ErrorCode {
             27 => StaleRound,
             28 => Durability,
             29 => UnknownWorker,
+            30 => PermissionDenied,
+            31 => LimitExceeded,
+            32 => Busy,
             _ => return None,
         })
     }
