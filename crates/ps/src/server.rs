@@ -6,8 +6,15 @@
 //! cost a real client nothing; a connection that fails the handshake is closed without a
 //! PS byte. An admitted connection is bound to the [`Peer`] it proved to be and gets its
 //! own thread, up to [`ServerConfig::max_connections`]: beyond, it gets a `Busy` error and
-//! is closed (the client retries). When `accept(2)` fails (out of file descriptors, say)
-//! the loop backs off, 5 ms doubling to 1 s, and logs one line a second at most.
+//! is closed (the client retries). Out of file descriptors, the gate stops accepting for a
+//! moment (the waiting connections stay in the kernel's backlog) instead of spinning; any
+//! other failure of the listener makes the loop back off, 5 ms doubling to 1 s, logging one
+//! line a second at most.
+//!
+//! Per connection: one frame body of at most `shard.max_body` bytes, committed as its bytes
+//! arrive; each whole frame within `frame_timeout` (a stalled frame gets a `Truncated`
+//! error and the connection is closed; an idle connection is closed); buffers above 1 MiB
+//! are released after each frame.
 //!
 //! Each connection reads one frame at a time with a deadline (`frame_timeout`, which also
 //! closes idle or slowloris connections), decodes it, lets the [`Shard`] handle it and
@@ -319,8 +326,17 @@ fn serve_connection(shard: &Shard, mut conn: TcpStream, peer: &Peer, frame_timeo
         if conn.write_all(&out).is_err() {
             return;
         }
+        // An idle connection keeps small buffers, whatever its largest frame was.
+        for buf in [&mut body, &mut out] {
+            if buf.capacity() > KEEP_BUFFER {
+                *buf = Vec::new();
+            }
+        }
     }
 }
+
+/// Buffer capacity a connection keeps between frames.
+const KEEP_BUFFER: usize = 1 << 20;
 
 fn reject(
     shard: &Shard,

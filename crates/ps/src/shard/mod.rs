@@ -37,6 +37,7 @@ use crate::wire::{ErrorCode, RemoteError, Request, Response};
 
 mod auth;
 mod durable;
+mod limits;
 mod pull;
 mod push;
 mod rounds;
@@ -46,6 +47,7 @@ mod vecops;
 mod workers;
 
 pub use durable::{check_checkpoint_body, check_wal_bytes};
+pub use limits::Limits;
 use state::{Chunk, Live, State, WorkerSlot};
 
 /// Settings of one shard.
@@ -71,6 +73,8 @@ pub struct ShardConfig {
     pub max_body: usize,
     /// Seed given to codec decoders.
     pub seed: u64,
+    /// What the shard agrees to hold.
+    pub limits: Limits,
 }
 
 impl Default for ShardConfig {
@@ -86,6 +90,7 @@ impl Default for ShardConfig {
             wal_sync: true,
             max_body: crate::wire::DEFAULT_MAX_BODY,
             seed: 0,
+            limits: Limits::default(),
         }
     }
 }
@@ -180,6 +185,13 @@ fn invalid(message: impl Into<String>) -> Rejection {
 impl Shard {
     /// Opens a shard: loads the last checkpoint from `cfg.dir` and replays the WAL.
     pub fn open(cfg: ShardConfig) -> crate::Result<Shard> {
+        if cfg.num_workers > cfg.limits.max_workers {
+            return Err(crate::Error::Spec {
+                what: "shard",
+                spec: format!("{} workers", cfg.num_workers),
+                reason: format!("at most {} workers", cfg.limits.max_workers),
+            });
+        }
         let now = Instant::now();
         let mut st = State {
             chunks: BTreeMap::new(),

@@ -28,6 +28,12 @@ impl Shard {
                 format!("{id} was never initialized on this shard"),
             ));
         };
+        // The reply's size is known before anything is built or waited for.
+        let n = match &rows {
+            None => c.values.len(),
+            Some(r) => r.len().saturating_mul(c.spec.row_len as usize),
+        };
+        self.check_reply(id, n)?;
         let mut min_clock = 0;
         match c.spec.consistency {
             Consistency::Sync => {

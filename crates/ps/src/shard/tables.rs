@@ -84,6 +84,7 @@ impl Shard {
                 ),
             ));
         }
+        self.check_new_chunk(&st, chunk, values.len())?;
         if !values.len().is_multiple_of(spec.row_len as usize) {
             return Err(invalid(format!(
                 "{chunk}: {} elements are not whole rows of {}",

@@ -1,7 +1,7 @@
 //! Sandblaster's vector operations on the slices a shard holds.
 
 use crate::spec::ChunkId;
-use crate::wire::{Response, VecOp};
+use crate::wire::{ErrorCode, Request, Response, VecOp};
 
 use super::*;
 
@@ -21,6 +21,9 @@ impl Shard {
         }
     }
 
+    /// Runs a vector op. Everything is checked before anything is written: a result for a
+    /// table must have the table's length (a table never changes length), results must be
+    /// finite, and new scratch vectors must fit the limits.
     pub(super) fn vec_op(&self, op: VecOp) -> Result<Response, Rejection> {
         let mut st = self.lock();
         let get = |st: &State, slot: u64, id: ChunkId, n: usize| -> Result<Vec<f32>, Rejection> {
@@ -31,7 +34,7 @@ impl Shard {
                 .filter(|v| v.len() == n)
                 .ok_or_else(|| invalid(format!("slot {slot} has no {id} of {n} elements")))
         };
-        match op {
+        let (a, b, c, alpha, is_axpy) = match op {
             VecOp::Dot { a, b } => {
                 let mut sum = 0f64;
                 for (id, va) in Self::slot_vecs(&st, a) {
@@ -42,45 +45,84 @@ impl Shard {
                         .map(|(x, y)| *x as f64 * *y as f64)
                         .sum::<f64>();
                 }
-                Ok(Response::Ok {
+                return Ok(Response::Ok {
                     value: sum.to_bits(),
-                })
+                });
             }
-            VecOp::Axpy { .. } | VecOp::Scale { .. } => {
-                let (a, b, c, alpha, is_axpy) = match op {
-                    VecOp::Axpy { a, b, c, alpha } => (a, b, c, alpha, true),
-                    VecOp::Scale { a, c, alpha } => (a, 0, c, alpha, false),
-                    VecOp::Dot { .. } => unreachable!("matched above"),
-                };
-                let srcs: Vec<(ChunkId, Vec<f32>)> = Self::slot_vecs(&st, a)
-                    .into_iter()
-                    .map(|(id, v)| (id, v.to_vec()))
-                    .collect();
-                let mut outs = Vec::with_capacity(srcs.len());
-                for (id, va) in srcs {
-                    let out: Vec<f32> = if is_axpy {
-                        let vb = get(&st, b, id, va.len())?;
-                        va.iter().zip(&vb).map(|(x, y)| x + alpha * y).collect()
-                    } else {
-                        va.iter().map(|x| alpha * x).collect()
-                    };
-                    outs.push((id, out));
-                }
-                for (id, out) in outs {
-                    if c < 1 << 32 {
-                        match st.chunks.get_mut(&id) {
-                            Some(ch) if id.key.0 == c => ch.values = out,
-                            _ => return Err(invalid(format!("table {c} has no {id}"))),
-                        }
-                    } else {
-                        st.vecs.entry(c).or_default().insert(id, out);
+            VecOp::Axpy { a, b, c, alpha } => (a, b, c, alpha, true),
+            VecOp::Scale { a, c, alpha } => (a, 0, c, alpha, false),
+        };
+        let srcs: Vec<(ChunkId, Vec<f32>)> = Self::slot_vecs(&st, a)
+            .into_iter()
+            .map(|(id, v)| (id, v.to_vec()))
+            .collect();
+        let mut outs = Vec::with_capacity(srcs.len());
+        for (id, va) in srcs {
+            let out: Vec<f32> = if is_axpy {
+                let vb = get(&st, b, id, va.len())?;
+                va.iter().zip(&vb).map(|(x, y)| x + alpha * y).collect()
+            } else {
+                va.iter().map(|x| alpha * x).collect()
+            };
+            if !out.iter().all(|v| v.is_finite()) {
+                return Err(invalid(format!("{id}: the result is not finite")));
+            }
+            outs.push((id, out));
+        }
+        if c < 1 << 32 {
+            for (id, out) in &outs {
+                match st.chunks.get(id) {
+                    Some(ch) if id.key.0 == c && ch.values.len() == out.len() => {}
+                    Some(ch) if id.key.0 == c => {
+                        return Err(err(
+                            ErrorCode::ShapeMismatch,
+                            None,
+                            ch.values.len() as u64,
+                            format!(
+                                "{id} has {} elements; the result has {}",
+                                ch.values.len(),
+                                out.len()
+                            ),
+                        ))
                     }
+                    _ => return Err(invalid(format!("table {c} has no {id}"))),
                 }
-                Ok(Response::Ok { value: 0 })
+            }
+        } else {
+            let old = st.vecs.get(&c);
+            let new = outs
+                .iter()
+                .filter(|(id, _)| old.is_none_or(|m| !m.contains_key(id)))
+                .count();
+            let freed: usize = old.map_or(0, |m| {
+                outs.iter()
+                    .filter_map(|(id, _)| m.get(id).map(Vec::len))
+                    .sum()
+            });
+            let add: usize = outs.iter().map(|(_, o)| o.len()).sum();
+            self.check_vectors(&st, new)?;
+            self.check_elements(&st, add, freed)?;
+        }
+        self.log_request(&mut st, &Request::VecOp(op))?;
+        Self::apply_vec_op(&mut st, c, outs);
+        Ok(Response::Ok { value: 0 })
+    }
+
+    /// Writes checked vector-op results into slot `c`.
+    pub(super) fn apply_vec_op(st: &mut State, c: u64, outs: Vec<(ChunkId, Vec<f32>)>) {
+        for (id, out) in outs {
+            if c < 1 << 32 {
+                if let Some(ch) = st.chunks.get_mut(&id) {
+                    ch.values = out;
+                }
+            } else {
+                st.vecs.entry(c).or_default().insert(id, out);
             }
         }
     }
 
+    /// Stores a scratch slice: the slot must be a scratch slot, the chunk must be on this
+    /// shard and the values must have its length and be finite.
     pub(super) fn set_vec(
         &self,
         slot: u64,
@@ -93,6 +135,37 @@ impl Shard {
             ));
         }
         let mut st = self.lock();
+        let Some(len) = st.chunks.get(&chunk).map(|c| c.values.len()) else {
+            return Err(err(
+                ErrorCode::NotInitialized,
+                None,
+                0,
+                format!("{chunk} is not on this shard"),
+            ));
+        };
+        if values.len() != len {
+            return Err(err(
+                ErrorCode::ShapeMismatch,
+                None,
+                len as u64,
+                format!("{chunk} has {len} elements; SetVec gave {}", values.len()),
+            ));
+        }
+        if !values.iter().all(|v| v.is_finite()) {
+            return Err(invalid(format!("{chunk}: non-finite values")));
+        }
+        let old = st.vecs.get(&slot).and_then(|m| m.get(&chunk)).map(Vec::len);
+        self.check_vectors(&st, usize::from(old.is_none()))?;
+        self.check_elements(&st, len, old.unwrap_or(0))?;
+        let req = Request::SetVec {
+            slot,
+            chunk,
+            values,
+        };
+        self.log_request(&mut st, &req)?;
+        let Request::SetVec { values, .. } = req else {
+            return Err(invalid("internal: SetVec went missing"));
+        };
         st.vecs.entry(slot).or_default().insert(chunk, values);
         Ok(Response::Ok { value: 0 })
     }
