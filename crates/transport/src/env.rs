@@ -8,9 +8,11 @@
 //! | master | `GRADWIRE_MASTER_ADDR`, `GRADWIRE_MASTER_PORT` | `MASTER_ADDR`, `MASTER_PORT` | | | |
 //!
 //! The first source that names a rank wins. The master defaults to `127.0.0.1:29500`;
-//! `GRADWIRE_TOKEN` is the shared secret (empty if unset), `GRADWIRE_TIMEOUT` the deadline
-//! in seconds, `GRADWIRE_SOCKET_BUFFER` the TCP socket buffers in bytes and
-//! `GRADWIRE_TCP_SPIN_US` how long a TCP receive spins before sleeping
+//! `GRADWIRE_TOKEN` is the shared secret (empty if unset: refused unless the master is
+//! loopback or `GRADWIRE_INSECURE=1`), `GRADWIRE_JOB_ID` the job's identity (`gradwire
+//! launch` sets a random one; without it the launcher's own job id, [`job_id_from`], is
+//! used), `GRADWIRE_TIMEOUT` the deadline in seconds, `GRADWIRE_SOCKET_BUFFER` the TCP socket
+//! buffers in bytes and `GRADWIRE_TCP_SPIN_US` how long a TCP receive spins before sleeping
 //! ([`TcpConfig::spin`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -102,6 +104,16 @@ pub fn tcp_config_from(
         get("GRADWIRE_TOKEN").unwrap_or_default(),
     );
     cfg.timeout = timeout;
+    cfg.job = job_identity_from(&get).unwrap_or_default();
+    cfg.insecure = match get("GRADWIRE_INSECURE").as_deref().map(str::trim) {
+        None | Some("" | "0") => false,
+        Some("1") => true,
+        Some(v) => {
+            return Err(Error::Env {
+                reason: format!("GRADWIRE_INSECURE={v} is neither 0 nor 1"),
+            })
+        }
+    };
     if let Some(b) = get("GRADWIRE_SOCKET_BUFFER") {
         cfg.socket_buffer = Some(b.trim().parse().map_err(|_| Error::Env {
             reason: format!("GRADWIRE_SOCKET_BUFFER={b} is not a byte count"),
@@ -236,6 +248,18 @@ pub fn job_id_from(get: impl Fn(&str) -> Option<String>) -> Option<String> {
     get("TORCHELASTIC_RUN_ID").map(|r| format!("torchrun:{r}"))
 }
 
+/// The job's identity, the same on every rank and different for every job:
+/// `GRADWIRE_JOB_ID` (set by `gradwire launch` to 128 random bits, or by hand under any
+/// launcher), else the launcher's own name for the job ([`job_id_from`]); `None` when none is
+/// set. The TCP handshake binds it ([`TcpConfig::job`]) and shared-memory rings are named
+/// from it (with the token), so a rank of another job can neither join nor share a ring.
+pub fn job_identity_from(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    match get("GRADWIRE_JOB_ID") {
+        Some(id) if !id.trim().is_empty() => Some(format!("gradwire:{}", id.trim())),
+        _ => job_id_from(get),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +322,30 @@ mod tests {
             .unwrap();
         assert_eq!((c.rank, c.world_size, l), (1, 2, Launcher::Pmi));
         assert!(cfg(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn job_identity_and_insecure_from_env() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "2")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let vars: Vec<_> = base.iter().chain(extra).copied().collect();
+            cfg(&vars).map(|c| c.unwrap().0)
+        };
+        assert_eq!(with(&[]).unwrap().job, "");
+        assert!(!with(&[]).unwrap().insecure);
+        assert_eq!(
+            with(&[("GRADWIRE_JOB_ID", "abc"), ("SLURM_JOB_ID", "7")])
+                .unwrap()
+                .job,
+            "gradwire:abc"
+        );
+        assert_eq!(
+            with(&[("TORCHELASTIC_RUN_ID", "r1")]).unwrap().job,
+            "torchrun:r1"
+        );
+        assert!(with(&[("GRADWIRE_INSECURE", "1")]).unwrap().insecure);
+        assert!(!with(&[("GRADWIRE_INSECURE", "0")]).unwrap().insecure);
+        assert!(with(&[("GRADWIRE_INSECURE", "yes please")]).is_err());
     }
 
     #[test]

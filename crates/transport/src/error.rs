@@ -139,6 +139,18 @@ pub enum Error {
         /// MPI's error string and the call that failed.
         message: String,
     },
+    /// The token is empty and the master address is not loopback, so any host that reaches
+    /// it could join the job (refused unless [`crate::tcp::TcpConfig::insecure`]).
+    #[error(
+        "GRADWIRE_TOKEN is not set and the master address {master} is not loopback: any host \
+         that reaches it could join this job. Set GRADWIRE_TOKEN to the same long random value \
+         on every rank (for example the output of `openssl rand -hex 16`), or set \
+         GRADWIRE_INSECURE=1 to run without a token on a network you trust"
+    )]
+    NoToken {
+        /// The master address.
+        master: std::net::SocketAddr,
+    },
     /// The environment did not describe a valid rank.
     #[error("environment: {reason}")]
     Env {
@@ -164,6 +176,7 @@ impl Error {
             Error::InvalidRank { .. }
             | Error::Rendezvous { .. }
             | Error::Misuse { .. }
+            | Error::NoToken { .. }
             | Error::Env { .. } => None,
         }
     }
@@ -226,6 +239,7 @@ impl Error {
             e @ (Error::InvalidRank { .. }
             | Error::Rendezvous { .. }
             | Error::Misuse { .. }
+            | Error::NoToken { .. }
             | Error::Env { .. }) => e,
         }
     }

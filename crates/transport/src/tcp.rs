@@ -5,14 +5,25 @@
 //! rank 0 and gets back the table of listening addresses; then each
 //! rank connects to the lower ranks and accepts the higher ones. Every connection opens with
 //! a mutual challenge-response on the shared token (`GRADWIRE_TOKEN`; HMAC-SHA256, the token
-//! never crosses the wire), so a stranger can neither join nor pose as rank 0. A connection
-//! that fails it, sends garbage or stays silent is dropped with a log line while the job
-//! goes on: the accepting rank runs all pending handshakes at once, each with its own
-//! deadline ([`TcpConfig::handshake_timeout`]).
+//! never crosses the wire, the connecting side proves first so a stranger who connects learns
+//! nothing derived from it), bound to the job's identity ([`TcpConfig::job`]; rank 0 adds a
+//! random identity of the mesh for the connections between the other ranks), so a stranger
+//! can neither join nor pose as rank 0, and a rank of an earlier job cannot join this one. A
+//! connection that fails it, sends garbage or stays silent is dropped while the job goes on:
+//! the accepting rank runs all pending handshakes at once, each with its own deadline
+//! ([`TcpConfig::handshake_timeout`]), keeps connections that sent a valid hello ahead of
+//! those that did not, and logs what it drops as counts, at most a line per interval. A
+//! connecting rank whose handshake fails (an impostor answered, or rank 0 closed the
+//! connection) tries again until its deadline.
 //!
-//! Modules: `rendezvous` (address table exchange), `handshake` (the proofs, and the
-//! concurrent accepting gate), `duplex` (the data path), `sys` (system calls and socket
-//! options), [`frame`] (every wire format, pure and fuzzed).
+//! An empty token is refused when the master address is not loopback ([`Error::NoToken`])
+//! unless [`TcpConfig::insecure`] (`GRADWIRE_INSECURE=1`); on loopback it runs with one
+//! warning line.
+//!
+//! Modules: `rendezvous` (address table exchange), [`auth`] (the handshake's messages and
+//! proofs as state machines), `handshake` (them over sockets, and the concurrent accepting
+//! gate), `refusals` (the rate-limited log of dropped connections), `duplex` (the data path),
+//! `sys` (system calls and socket options), [`frame`] (every wire format, pure and fuzzed).
 //!
 //! Data moves in frames ([`frame`]) whose length is checked against [`TcpConfig::max_frame`]
 //! before anything is allocated. All sockets are non-blocking and driven by `poll(2)`, so
@@ -34,9 +45,13 @@
 //! took 4 KiB from 17-19 us to 11-127 us, which is why the default never spins when the
 //! ranks outnumber the cores (P = 4 here), and why `GRADWIRE_TCP_SPIN_US=0` turns it off.
 
+pub mod auth;
+#[cfg(test)]
+mod capture;
 mod duplex;
 pub mod frame;
 mod handshake;
+mod refusals;
 mod rendezvous;
 mod sys;
 
@@ -62,8 +77,18 @@ pub struct TcpConfig {
     pub world_size: usize,
     /// Where rank 0 listens for the rendezvous.
     pub master: SocketAddr,
-    /// The shared secret every rank presents.
+    /// The shared secret every rank presents. Empty: refused unless the master address is
+    /// loopback or [`TcpConfig::insecure`] is set.
     pub token: String,
+    /// The job's identity, the same on every rank and different for every job (`gradwire
+    /// launch` sets a random one, `GRADWIRE_JOB_ID`; other launchers name their jobs, see
+    /// [`crate::env::job_identity_from`]): a rank with another identity is refused at the
+    /// handshake. Empty when no launcher named the job (rank 0's random mesh identity still
+    /// binds the connections between the other ranks).
+    pub job: String,
+    /// Run with an empty token although the master address is not loopback
+    /// (`GRADWIRE_INSECURE=1`): any host that reaches the job's ports can then join it.
+    pub insecure: bool,
     /// Deadline of every blocking call (no progress for this long is an error).
     pub timeout: Duration,
     /// Largest accepted message in bytes.
@@ -102,6 +127,8 @@ impl TcpConfig {
             world_size,
             master,
             token: token.into(),
+            job: String::new(),
+            insecure: false,
             timeout: DEFAULT_TIMEOUT,
             max_frame: DEFAULT_MAX_FRAME,
             socket_buffer: None,
@@ -143,6 +170,7 @@ impl Tcp {
     /// to it. Returns when the full mesh is up.
     pub fn connect(cfg: &TcpConfig) -> Result<Tcp> {
         if cfg.rank == 0 {
+            check_cfg(cfg)?;
             let listener = TcpListener::bind(cfg.master).map_err(|e| Error::Rendezvous {
                 reason: format!("rank 0 cannot listen on {}: {e}", cfg.master),
             })?;
@@ -271,16 +299,18 @@ pub fn loopback_world(n: usize) -> Result<Vec<Tcp>> {
         .local_addr()
         .map_err(|e| rendezvous(format!("bind: {e}")))?;
     let token = format!("loopback-{:016x}", rand::random::<u64>());
+    let job = format!("loopback-{:032x}", rand::random::<u128>());
+    let config = |r: usize| TcpConfig {
+        job: job.clone(),
+        ..TcpConfig::new(r, n, master, token.clone())
+    };
     let handles: Vec<_> = (1..n)
         .map(|r| {
-            let cfg = TcpConfig::new(r, n, master, token.clone());
+            let cfg = config(r);
             std::thread::spawn(move || Tcp::connect(&cfg))
         })
         .collect();
-    let mut world = vec![Tcp::connect_rank0(
-        listener,
-        &TcpConfig::new(0, n, master, token),
-    )?];
+    let mut world = vec![Tcp::connect_rank0(listener, &config(0))?];
     for h in handles {
         world.push(
             h.join()
@@ -311,11 +341,18 @@ fn check_cfg(cfg: &TcpConfig) -> Result<()> {
             frame::MAX_FRAME_LIMIT
         )));
     }
-    if cfg.token.is_empty() && !cfg.master.ip().is_loopback() {
+    if cfg.token.is_empty() {
+        if !cfg.master.ip().is_loopback() && !cfg.insecure {
+            return Err(Error::NoToken { master: cfg.master });
+        }
+        let reach = if cfg.master.ip().is_loopback() {
+            "any local user"
+        } else {
+            "any host that reaches it (GRADWIRE_INSECURE=1)"
+        };
         tracing::warn!(
             master = %cfg.master,
-            "the token is empty and the master address is not loopback: any host that \
-             reaches it can join this job (set GRADWIRE_TOKEN)"
+            "GRADWIRE_TOKEN is not set: {reach} can join this job"
         );
     }
     Ok(())

@@ -7,30 +7,36 @@
 //! 0..4  magic  u32 = 0x3146_5747 ("GWF1") for a message, 0x3141_5747 ("GWA1") for an abort
 //! 4..8  len    u32 payload bytes that follow (for an abort: the rank that failed; no payload)
 //! ```
-//! Handshake (the proofs are described in the `tcp::handshake` module source). The token never crosses the wire:
-//! each side proves it knows it with an HMAC-SHA256 over the whole exchange so far.
+//! Handshake (the order and the proofs are described in [`super::auth`]). The token never
+//! crosses the wire: each side proves it knows it with an HMAC-SHA256 over the whole exchange
+//! so far, the connecting side first.
 //! ```text
-//! hello, connecting side -> accepting side (31 bytes)
-//! 0..4   magic      u32 = 0x3248_5747 ("GWH2")
+//! hello, connecting side -> accepting side (47 bytes)
+//! 0..4   magic      u32 = 0x3348_5747 ("GWH3")
 //! 4      kind       u8  (1 = hello to rank 0, 2 = join between ranks > 0)
 //! 5..9   rank       u32
 //! 9..13  world_size u32
 //! 13..15 port       u16 (the sender's listening port; hello only)
 //! 15..31 nonce      16 random bytes
+//! 31..47 job        16 bytes: the digest of the job's identity (`auth::job_digest`)
 //!
-//! challenge, accepting side -> connecting side (56 bytes)
-//! 0..4   magic      u32 = 0x3243_5747 ("GWC2")
+//! challenge, accepting side -> connecting side (24 bytes)
+//! 0..4   magic      u32 = 0x3343_5747 ("GWC3")
 //! 4..8   rank       u32 (the accepting rank)
 //! 8..24  nonce      16 random bytes
-//! 24..56 mac        HMAC-SHA256(token, "gradwire accept" | hello | challenge[0..24])
 //!
 //! proof, connecting side -> accepting side (36 bytes)
-//! 0..4   magic      u32 = 0x3250_5747 ("GWP2")
+//! 0..4   magic      u32 = 0x3350_5747 ("GWP3")
 //! 4..36  mac        HMAC-SHA256(token, "gradwire connect" | hello | challenge)
+//!
+//! confirm, accepting side -> connecting side (36 bytes)
+//! 0..4   magic      u32 = 0x334B_5747 ("GWK3")
+//! 4..36  mac        HMAC-SHA256(token, "gradwire accept" | hello | challenge | proof)
 //! ```
-//! Rank 0's reply once every rank has joined, the address table (`4 + 19 * world_size`
-//! bytes): magic `GWT1`, then one entry per rank: tag u8 (4 = IPv4, 6 = IPv6), 16 address
-//! bytes (IPv4 as an IPv4-mapped IPv6 address), port u16.
+//! Rank 0's reply once every rank has joined: the mesh identity (20 bytes: magic `GWM1`, 16
+//! random bytes that bind the connections between the other ranks to this mesh), then the
+//! address table (`4 + 19 * world_size` bytes): magic `GWT1`, then one entry per rank: tag
+//! u8 (4 = IPv4, 6 = IPv6), 16 address bytes (IPv4 as an IPv4-mapped IPv6 address), port u16.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -39,11 +45,15 @@ pub const MAGIC_DATA: u32 = 0x3146_5747;
 /// Magic of an abort frame.
 pub const MAGIC_ABORT: u32 = 0x3141_5747;
 /// Magic of a hello (the handshake's first message).
-pub const MAGIC_HELLO: u32 = 0x3248_5747;
-/// Magic of a challenge (the accepting side's answer and proof).
-pub const MAGIC_CHALLENGE: u32 = 0x3243_5747;
+pub const MAGIC_HELLO: u32 = 0x3348_5747;
+/// Magic of a challenge (the accepting side's answer: its rank and nonce).
+pub const MAGIC_CHALLENGE: u32 = 0x3343_5747;
 /// Magic of a proof (the connecting side's answer).
-pub const MAGIC_PROOF: u32 = 0x3250_5747;
+pub const MAGIC_PROOF: u32 = 0x3350_5747;
+/// Magic of a confirm (the accepting side's proof, sent once the connecting side's checked).
+pub const MAGIC_CONFIRM: u32 = 0x334B_5747;
+/// Magic of the mesh identity rank 0 sends before the address table.
+pub const MAGIC_MESH: u32 = 0x314D_5747;
 /// Magic of the address table rank 0 sends back.
 pub const MAGIC_TABLE: u32 = 0x3154_5747;
 /// Length of a data frame header.
@@ -54,14 +64,18 @@ pub const MAX_FRAME_LIMIT: u64 = u32::MAX as u64;
 pub const NONCE_LEN: usize = 16;
 /// Length of an HMAC-SHA256 tag.
 pub const MAC_LEN: usize = 32;
+/// Length of the job digest a hello carries.
+pub const JOB_LEN: usize = 16;
 /// Length of a hello.
-pub const HELLO_LEN: usize = 31;
+pub const HELLO_LEN: usize = 47;
 /// Length of a challenge.
-pub const CHALLENGE_LEN: usize = 56;
-/// Length of the part of a challenge its own MAC covers.
-pub const CHALLENGE_SIGNED_LEN: usize = 24;
+pub const CHALLENGE_LEN: usize = 24;
 /// Length of a proof.
 pub const PROOF_LEN: usize = 36;
+/// Length of a confirm.
+pub const CONFIRM_LEN: usize = 36;
+/// Length of the mesh identity message.
+pub const MESH_LEN: usize = 20;
 /// Length of one address-table entry.
 pub const TABLE_ENTRY_LEN: usize = 19;
 
@@ -135,6 +149,9 @@ pub struct Hello {
     pub port: u16,
     /// Fresh random bytes, so no proof can be replayed.
     pub nonce: [u8; NONCE_LEN],
+    /// The digest of the job's identity (`auth::job_digest`): a rank of another job is
+    /// refused before any proof.
+    pub job: [u8; JOB_LEN],
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
@@ -158,7 +175,8 @@ impl Hello {
         v[5..9].copy_from_slice(&self.rank.to_le_bytes());
         v[9..13].copy_from_slice(&self.world_size.to_le_bytes());
         v[13..15].copy_from_slice(&self.port.to_le_bytes());
-        v[15..].copy_from_slice(&self.nonce);
+        v[15..31].copy_from_slice(&self.nonce);
+        v[31..].copy_from_slice(&self.job);
         v
     }
 
@@ -174,44 +192,37 @@ impl Hello {
             _ => return Err(FrameError::BadField("kind")),
         };
         let mut nonce = [0u8; NONCE_LEN];
-        nonce.copy_from_slice(&b[15..HELLO_LEN]);
+        nonce.copy_from_slice(&b[15..31]);
+        let mut job = [0u8; JOB_LEN];
+        job.copy_from_slice(&b[31..HELLO_LEN]);
         Ok(Hello {
             kind,
             rank: u32_at(b, 5),
             world_size: u32_at(b, 9),
             port: u16::from_le_bytes([b[13], b[14]]),
             nonce,
+            job,
         })
     }
 }
 
-/// The accepting side's answer to a hello: its rank, its nonce, and its proof that it knows
-/// the token.
+/// The accepting side's answer to a hello: its rank and its nonce. It carries nothing
+/// derived from the token: the connecting side proves first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
     /// The accepting rank.
     pub rank: u32,
     /// Fresh random bytes.
     pub nonce: [u8; NONCE_LEN],
-    /// HMAC over the hello and the first [`CHALLENGE_SIGNED_LEN`] bytes of this message.
-    pub mac: [u8; MAC_LEN],
 }
 
 impl Challenge {
-    /// Encodes the part of the challenge its MAC covers.
-    pub fn encode_signed(rank: u32, nonce: &[u8; NONCE_LEN]) -> [u8; CHALLENGE_SIGNED_LEN] {
-        let mut v = [0u8; CHALLENGE_SIGNED_LEN];
-        v[..4].copy_from_slice(&MAGIC_CHALLENGE.to_le_bytes());
-        v[4..8].copy_from_slice(&rank.to_le_bytes());
-        v[8..].copy_from_slice(nonce);
-        v
-    }
-
     /// Encodes the challenge.
     pub fn encode(&self) -> [u8; CHALLENGE_LEN] {
         let mut v = [0u8; CHALLENGE_LEN];
-        v[..CHALLENGE_SIGNED_LEN].copy_from_slice(&Self::encode_signed(self.rank, &self.nonce));
-        v[CHALLENGE_SIGNED_LEN..].copy_from_slice(&self.mac);
+        v[..4].copy_from_slice(&MAGIC_CHALLENGE.to_le_bytes());
+        v[4..8].copy_from_slice(&self.rank.to_le_bytes());
+        v[8..].copy_from_slice(&self.nonce);
         v
     }
 
@@ -222,13 +233,10 @@ impl Challenge {
             return Err(FrameError::BadMagic);
         }
         let mut nonce = [0u8; NONCE_LEN];
-        nonce.copy_from_slice(&b[8..CHALLENGE_SIGNED_LEN]);
-        let mut mac = [0u8; MAC_LEN];
-        mac.copy_from_slice(&b[CHALLENGE_SIGNED_LEN..]);
+        nonce.copy_from_slice(&b[8..CHALLENGE_LEN]);
         Ok(Challenge {
             rank: u32_at(b, 4),
             nonce,
-            mac,
         })
     }
 }
@@ -259,6 +267,54 @@ impl Proof {
         mac.copy_from_slice(&b[4..]);
         Ok(Proof { mac })
     }
+}
+
+/// The accepting side's proof that it knows the token, sent once the connecting side has
+/// proven it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirm {
+    /// HMAC over the hello, the challenge and the proof.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Confirm {
+    /// Encodes the confirm.
+    pub fn encode(&self) -> [u8; CONFIRM_LEN] {
+        let mut v = [0u8; CONFIRM_LEN];
+        v[..4].copy_from_slice(&MAGIC_CONFIRM.to_le_bytes());
+        v[4..].copy_from_slice(&self.mac);
+        v
+    }
+
+    /// Decodes a confirm of exactly [`CONFIRM_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Result<Confirm, FrameError> {
+        check_len(b, CONFIRM_LEN)?;
+        if u32_at(b, 0) != MAGIC_CONFIRM {
+            return Err(FrameError::BadMagic);
+        }
+        let mut mac = [0u8; MAC_LEN];
+        mac.copy_from_slice(&b[4..]);
+        Ok(Confirm { mac })
+    }
+}
+
+/// Encodes the mesh identity message.
+pub fn encode_mesh(mesh: &[u8; NONCE_LEN]) -> [u8; MESH_LEN] {
+    let mut v = [0u8; MESH_LEN];
+    v[..4].copy_from_slice(&MAGIC_MESH.to_le_bytes());
+    v[4..].copy_from_slice(mesh);
+    v
+}
+
+/// Decodes a mesh identity message of exactly [`MESH_LEN`] bytes.
+pub fn decode_mesh(b: &[u8]) -> Result<[u8; NONCE_LEN], FrameError> {
+    check_len(b, MESH_LEN)?;
+    if u32_at(b, 0) != MAGIC_MESH {
+        return Err(FrameError::BadMagic);
+    }
+    let mut mesh = [0u8; NONCE_LEN];
+    mesh.copy_from_slice(&b[4..]);
+    Ok(mesh)
 }
 
 /// Length of the address table of a world of `world_size` ranks.
@@ -337,6 +393,7 @@ mod tests {
             world_size: 8,
             port: 4242,
             nonce: [7; NONCE_LEN],
+            job: [3; JOB_LEN],
         };
         let b = h.encode();
         assert_eq!(Hello::decode(&b), Ok(h));
@@ -349,14 +406,25 @@ mod tests {
         let c = Challenge {
             rank: 2,
             nonce: [1; NONCE_LEN],
-            mac: [9; MAC_LEN],
         };
         assert_eq!(Challenge::decode(&c.encode()), Ok(c.clone()));
-        assert_eq!(Challenge::decode(&b), Err(FrameError::Truncated));
+        assert_eq!(Challenge::decode(&b[..20]), Err(FrameError::Truncated));
+        assert!(Challenge::decode(&b).is_err());
         let p = Proof { mac: [5; MAC_LEN] };
-        assert_eq!(Proof::decode(&p.encode()), Ok(p));
+        assert_eq!(Proof::decode(&p.encode()), Ok(p.clone()));
+        let k = Confirm { mac: [6; MAC_LEN] };
+        assert_eq!(Confirm::decode(&k.encode()), Ok(k));
+        // A proof is not a confirm, nor the other way round.
+        assert_eq!(Confirm::decode(&p.encode()), Err(FrameError::BadMagic));
         assert_eq!(
-            Proof::decode(&c.encode()[..PROOF_LEN]),
+            Proof::decode(&Confirm { mac: [0; MAC_LEN] }.encode()),
+            Err(FrameError::BadMagic)
+        );
+        let m = encode_mesh(&[8; NONCE_LEN]);
+        assert_eq!(decode_mesh(&m), Ok([8; NONCE_LEN]));
+        assert_eq!(decode_mesh(&m[..19]), Err(FrameError::Truncated));
+        assert_eq!(
+            decode_mesh(&p.encode()[..MESH_LEN]),
             Err(FrameError::BadMagic)
         );
     }
