@@ -13,7 +13,7 @@
 //! | 12 | header length = offset of the data | u32 = [`HEADER_LEN`] |
 //! | 16 | capacity of the data area | u64, a power of two in [`MIN_CAPACITY`]..=[`MAX_CAPACITY`] |
 //! | 24 | source rank, destination rank, world size | 3 × u32 |
-//! | 40 | job key (hash of the job token) | u64 |
+//! | 40 | job key (a key of the job's name, see `shm::config`) | u64 |
 //! | 64 | producer pid, producer state, failed rank + 1 (0: none) | 3 × atomic u32 |
 //! | 128 | consumer pid, consumer state | 2 × atomic u32 |
 //! | 192 | head: bytes written so far | atomic u64 |
@@ -54,11 +54,11 @@ pub struct RingHeader {
     pub dst: u32,
     /// Ranks in the job.
     pub world_size: u32,
-    /// Hash of the job token.
+    /// The key of the job's name (the same key names the ring files).
     pub job: u64,
 }
 
-/// Why a ring header was refused.
+/// Why a ring file or its header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
     /// Fewer bytes than a header.
@@ -98,6 +98,18 @@ pub enum HeaderError {
         /// Capacity.
         capacity: u64,
     },
+    /// The ring file is not this user's, or others may read or write it: only a regular
+    /// file owned by this user with mode 0600 is opened.
+    #[error("ring file not ours (owner uid {uid}, mode {mode:o}; want our uid and mode 600)")]
+    NotOurs {
+        /// Its owner.
+        uid: u32,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A symbolic link where the ring file should be (never followed).
+    #[error("a symbolic link where the ring file should be")]
+    Link,
     /// A frame announced more bytes than allowed.
     #[error("frame of {len} bytes exceeds the limit of {max}")]
     FrameTooLarge {

@@ -1,11 +1,13 @@
 //! One single-producer single-consumer byte ring in a shared, memory-mapped file.
 //!
-//! `head` (bytes written) belongs to the producer and `tail` (bytes read) to the consumer;
-//! both only grow, and a position maps to the data area modulo the capacity (a power of two),
-//! so every access is in bounds whatever the peer writes. Data is published with a release
-//! store of `head` and acknowledged with a release store of `tail`. Each side caches the
-//! other's position and reloads it only when the cached one leaves it no room (producer) or
-//! no data (consumer), so a small message costs one load of the peer's cache line per side.
+//! The positions and their checks are [`super::cursor`]'s: every access is in bounds
+//! whatever the peer writes. Data is published with a release store of `head` and
+//! acknowledged with a release store of `tail`. Each side caches the other's position and
+//! reloads it only when the cached one leaves it no room (producer) or no data (consumer),
+//! so a small message costs one load of the peer's cache line per side.
+//!
+//! A ring file is opened only when this user owns it and its mode is 0600, never through a
+//! symbolic link: another user who made a file under a ring's name cannot read or feed it.
 //!
 //! Sleeping: a party that has waited long enough sets its "asleep" flag in the header and
 //! sleeps on the peer's position word with a futex ([`Ring::sleep`]); the peer, after
@@ -18,12 +20,13 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::cursor::{Cursor, End};
 use super::header::{
     self, HeaderError, RingHeader, HEADER_LEN, OFF_CONSUMER_ASLEEP, OFF_CONSUMER_PID,
     OFF_CONSUMER_STATE, OFF_HEAD, OFF_PRODUCER_ABORT, OFF_PRODUCER_ASLEEP, OFF_PRODUCER_PID,
@@ -48,12 +51,9 @@ pub(crate) enum Role {
 pub(crate) struct Ring {
     base: NonNull<u8>,
     map_len: usize,
-    capacity: u64,
     role: Role,
-    /// Our copy of our own position (we are its only writer).
-    pos: u64,
-    /// The peer's position as last loaded (checked against ours when loaded).
-    peer_pos: u64,
+    /// Our position and the peer's as last loaded.
+    cursor: Cursor,
     /// Whether we claimed our role in the header (only then do we mark it closed on drop).
     claimed: bool,
 }
@@ -62,8 +62,8 @@ pub(crate) struct Ring {
 unsafe impl Send for Ring {}
 
 impl Ring {
-    /// Creates a fresh ring file at `path` (mode 0600) with header `h`, atomically: it is
-    /// written under a temporary name and renamed into place.
+    /// Creates a fresh ring file at `path` (mode 0600, whatever the umask) with header `h`,
+    /// atomically: it is written under a temporary name and renamed into place.
     pub(crate) fn create(path: &Path, h: &RingHeader) -> io::Result<()> {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
@@ -73,6 +73,7 @@ impl Ring {
             .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         f.set_len(HEADER_LEN as u64 + h.capacity)?;
         let mut hdr = vec![0u8; HEADER_LEN];
         header::encode(h, &mut hdr);
@@ -89,8 +90,27 @@ impl Ring {
         expect: &RingHeader,
         populate: bool,
     ) -> Result<Option<Ring>, OpenError> {
-        let f = OpenOptions::new().read(true).write(true).open(path)?;
-        let file_len = f.metadata()?.len();
+        let f = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(HeaderError::Link.into()),
+            Err(e) => return Err(e.into()),
+        };
+        let meta = f.metadata()?;
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if !meta.file_type().is_file() || meta.uid() != me || meta.mode() & 0o7777 != 0o600 {
+            return Err(HeaderError::NotOurs {
+                uid: meta.uid(),
+                mode: meta.mode() & 0o7777,
+            }
+            .into());
+        }
+        let file_len = meta.len();
         let mut hdr = vec![0u8; HEADER_LEN.min(file_len as usize)];
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut hdr, 0)?;
         let h = header::decode(&hdr, file_len)?;
@@ -124,11 +144,11 @@ impl Ring {
         ring.claimed = true;
         ring.u32_at(pid_off)
             .store(std::process::id(), Ordering::Release);
-        ring.pos = match role {
+        let pos = match role {
             Role::Producer => ring.u64_at(OFF_HEAD).load(Ordering::Acquire),
             Role::Consumer => ring.u64_at(OFF_TAIL).load(Ordering::Acquire),
         };
-        ring.peer_pos = ring.pos;
+        ring.cursor = Cursor::new(ring.cursor.end(), h.capacity, pos)?;
         Ok(Some(ring))
     }
 
@@ -160,15 +180,22 @@ impl Ring {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Ring {
-            base: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap gave null"))?,
+        let end = match role {
+            Role::Producer => End::Producer,
+            Role::Consumer => End::Consumer,
+        };
+        let base = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        let ring = Ring {
+            base,
             map_len,
-            capacity,
             role,
-            pos: 0,
-            peer_pos: 0,
+            // A placeholder position until `open` reads ours; the capacity is the header's,
+            // decoded and checked already.
+            cursor: Cursor::new(end, capacity, 0)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
             claimed: false,
-        })
+        };
+        Ok(ring)
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
@@ -235,45 +262,17 @@ impl Ring {
         (v.iter().filter(|&&b| b & 1 == 1).count(), pages)
     }
 
-    /// Head and tail with the peer's position freshly loaded, checked: never more than the
-    /// capacity apart.
-    fn positions(&mut self) -> Result<(u64, u64), HeaderError> {
-        let (head, tail) = match self.role {
-            Role::Producer => (self.pos, self.u64_at(OFF_TAIL).load(Ordering::Acquire)),
-            Role::Consumer => (self.u64_at(OFF_HEAD).load(Ordering::Acquire), self.pos),
+    /// A way to load the peer's position freshly from the header, apart from the borrow of
+    /// the cursor that asks for it.
+    fn peer_loader(&self) -> impl FnOnce() -> u64 {
+        let off = match self.role {
+            Role::Producer => OFF_TAIL,
+            Role::Consumer => OFF_HEAD,
         };
-        if head.wrapping_sub(tail) > self.capacity {
-            return Err(HeaderError::Positions {
-                head,
-                tail,
-                capacity: self.capacity,
-            });
-        }
-        self.peer_pos = match self.role {
-            Role::Producer => tail,
-            Role::Consumer => head,
-        };
-        Ok((head, tail))
-    }
-
-    /// Producer: free bytes, from the cached tail while it leaves room for `want` bytes.
-    fn free(&mut self, want: usize) -> Result<usize, HeaderError> {
-        let cached = (self.capacity - self.pos.wrapping_sub(self.peer_pos)) as usize;
-        if cached >= want {
-            return Ok(cached);
-        }
-        let (head, tail) = self.positions()?;
-        Ok((self.capacity - head.wrapping_sub(tail)) as usize)
-    }
-
-    /// Consumer: readable bytes, from the cached head while it has any.
-    fn avail(&mut self) -> Result<usize, HeaderError> {
-        let cached = self.peer_pos.wrapping_sub(self.pos) as usize;
-        if cached > 0 {
-            return Ok(cached);
-        }
-        let (head, tail) = self.positions()?;
-        Ok(head.wrapping_sub(tail) as usize)
+        let word: *const AtomicU64 = self.u64_at(off);
+        // SAFETY: the word lies in our mapping, which lives as long as `self`; the loader is
+        // used at once, within the `&mut self` call that made it.
+        move || unsafe { (*word).load(Ordering::Acquire) }
     }
 
     /// Publishes our position, and wakes the peer if it sleeps on it.
@@ -282,7 +281,8 @@ impl Ring {
             Role::Producer => (OFF_HEAD, OFF_CONSUMER_ASLEEP),
             Role::Consumer => (OFF_TAIL, OFF_PRODUCER_ASLEEP),
         };
-        self.u64_at(pos_off).store(self.pos, Ordering::Release);
+        self.u64_at(pos_off)
+            .store(self.cursor.pos(), Ordering::Release);
         // Pairs with the fence in `sleep`: either the sleeper sees our position, or we see
         // its flag.
         fence(Ordering::SeqCst);
@@ -303,7 +303,7 @@ impl Ring {
         fence(Ordering::SeqCst);
         let word = self.u32_at(peer_off);
         // The low half of the little-endian u64 position.
-        let seen = self.peer_pos as u32;
+        let seen = self.cursor.peer_pos() as u32;
         if word.load(Ordering::Relaxed) == seen {
             futex_wait(word, seen, timeout);
         }
@@ -313,26 +313,28 @@ impl Ring {
     /// Pointer to the data byte at stream position `pos`, and how many bytes follow it
     /// before the end of the data area.
     fn at(&self, pos: u64) -> (*mut u8, usize) {
-        let off = (pos & (self.capacity - 1)) as usize;
+        let (off, room) = self.cursor.at(pos);
         // SAFETY: off < capacity, and the data area [HEADER_LEN, HEADER_LEN + capacity) is
         // mapped (the file length was checked against the capacity).
         let p = unsafe { self.base.as_ptr().add(HEADER_LEN + off) };
-        (p, self.capacity as usize - off)
+        (p, room)
     }
 
     /// Producer: copies as much of `a` then `b` as fits, published at once; returns the
     /// bytes written (of `a` first).
     pub(crate) fn write_parts(&mut self, a: &[u8], b: &[u8]) -> Result<usize, HeaderError> {
         debug_assert_eq!(self.role, Role::Producer);
-        let free = self.free(a.len() + b.len())?;
+        let load = self.peer_loader();
+        let free = self.cursor.free(a.len() + b.len(), load)?;
+        let start = self.cursor.pos();
         let mut done = 0;
         for part in [a, b] {
             let n = (free - done).min(part.len());
-            self.copy_in(self.pos.wrapping_add(done as u64), &part[..n]);
+            self.copy_in(start.wrapping_add(done as u64), &part[..n]);
             done += n;
         }
         if done > 0 {
-            self.pos = self.pos.wrapping_add(done as u64);
+            self.cursor.advance(done);
             self.publish();
         }
         Ok(done)
@@ -363,8 +365,9 @@ impl Ring {
         len: usize,
     ) -> Result<usize, HeaderError> {
         debug_assert_eq!(self.role, Role::Consumer);
-        let n = self.avail()?.min(len);
-        let tail = self.pos;
+        let load = self.peer_loader();
+        let n = self.cursor.avail(load)?.min(len);
+        let tail = self.cursor.pos();
         let mut done = 0;
         while done < n {
             let (p, room) = self.at(tail.wrapping_add(done as u64));
@@ -375,7 +378,7 @@ impl Ring {
             done += k;
         }
         if n > 0 {
-            self.pos = tail.wrapping_add(n as u64);
+            self.cursor.advance(n);
             self.publish();
         }
         Ok(n)

@@ -6,6 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::header::HeaderError;
+use super::ring::Ring;
+use super::setup::should_populate;
 use super::*;
 
 fn world(n: usize, ring: u64) -> Vec<Shm> {
@@ -310,6 +313,7 @@ fn bad_ring_file_is_refused_and_missing_peer_times_out() {
     );
     // A file with garbage where the ring should be: a typed header error.
     std::fs::write(cfg.path(1, 0), vec![0xAB; 8192]).unwrap();
+    set_mode(&cfg.path(1, 0), 0o600);
     let err = Shm::connect(&cfg).err().unwrap();
     assert!(
         matches!(
@@ -321,6 +325,36 @@ fn bad_ring_file_is_refused_and_missing_peer_times_out() {
         ),
         "{err}"
     );
+    // A valid ring that others may read or write: never opened.
+    Ring::create(&cfg.path(1, 0), &cfg.header(1, 0)).unwrap();
+    set_mode(&cfg.path(1, 0), 0o644);
+    let err = Shm::connect(&cfg).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::BadRing {
+                peer: 0,
+                source: HeaderError::NotOurs { mode: 0o644, .. }
+            }
+        ),
+        "{err}"
+    );
+    // A symbolic link to a valid ring: never followed.
+    let elsewhere = dir.join("elsewhere");
+    Ring::create(&elsewhere, &cfg.header(1, 0)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, cfg.path(1, 0)).unwrap();
+    let err = Shm::connect(&cfg).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::BadRing {
+                peer: 0,
+                source: HeaderError::Link
+            }
+        ),
+        "{err}"
+    );
+    assert!(elsewhere.exists(), "the link's target was removed");
     // A valid ring of another job: refused as well.
     let mut other = cfg.clone();
     other.job = "another".into();
@@ -337,6 +371,11 @@ fn bad_ring_file_is_refused_and_missing_peer_times_out() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn set_mode(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 #[test]
