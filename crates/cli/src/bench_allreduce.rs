@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::launch::run_ranks_for_json;
 use crate::size::{format_size, parse_size};
-pub use crate::world::TransportKind;
+pub use gradwire_run::join::TransportKind;
 
 /// Which collective to time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -41,7 +41,7 @@ pub struct AllreduceBenchArgs {
     sizes: Vec<usize>,
     /// Without a launcher, P processes (tcp, shm) or P threads (local); under one, the
     /// transport each rank joins with (help text: `TRANSPORT_HELP`).
-    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
+    #[arg(long, value_enum, default_value = "auto", help = gradwire_run::join::TRANSPORT_HELP)]
     transport: TransportKind,
     /// Algorithm: auto, ring, rd, rabenseifner.
     #[arg(long, default_value = "auto")]
@@ -104,15 +104,15 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
     if args.sizes.iter().any(|&s| s < 4) {
         bail!("every size must be at least 4 bytes (one f32)");
     }
-    let launched = crate::world::detect()?;
+    let launched = gradwire_run::join::detect()?;
     let kind = args.transport.resolve();
     if args.worker
         || (launched.is_some() && kind != TransportKind::Local)
         || kind == TransportKind::Mpi
     {
         let mut t = match &launched {
-            Some(l) => crate::world::join_with(kind, l)?,
-            None => crate::world::join_from_env(kind)?,
+            Some(l) => gradwire_run::join::join_with(kind, l)?,
+            None => gradwire_run::join::join_from_env(kind)?,
         };
         let rank = t.rank();
         let report = match link_config(args, t.world_size())? {

@@ -29,7 +29,7 @@ pub struct EngineBenchArgs {
     /// Timed repetitions per mode (after one warm-up).
     #[arg(long, default_value_t = 30)]
     reps: usize,
-    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
+    #[arg(long, value_enum, default_value = "auto", help = gradwire_run::join::TRANSPORT_HELP)]
     transport: TransportKind,
     /// Write the results as JSON.
     #[arg(long)]
@@ -114,15 +114,15 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     if args.np == 0 {
         bail!("--np must be at least 1");
     }
-    let launched = crate::world::detect()?;
+    let launched = gradwire_run::join::detect()?;
     let kind = args.transport.resolve();
     if args.worker
         || (launched.is_some() && kind != TransportKind::Local)
         || kind == TransportKind::Mpi
     {
         let t = match &launched {
-            Some(l) => crate::world::join_with(kind, l)?,
-            None => crate::world::join_from_env(kind)?,
+            Some(l) => gradwire_run::join::join_with(kind, l)?,
+            None => gradwire_run::join::join_from_env(kind)?,
         };
         let (rank, np) = (t.rank(), t.world_size());
         let results = measure(t, args)?;

@@ -108,7 +108,7 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
     }
     if args.worker {
         // The shards speak TCP, so the all-reduce it is compared with runs over TCP too.
-        let t = crate::world::join_from_env(crate::world::TransportKind::Tcp)?;
+        let t = gradwire_run::join::join_from_env(gradwire_run::join::TransportKind::Tcp)?;
         let rank = t.rank();
         let report = measure(t, args)?;
         if rank == 0 {

@@ -19,17 +19,17 @@ pub struct CheckArgs {
     /// Algorithm: auto, ring, rd, rabenseifner.
     #[arg(long, default_value = "auto")]
     algo: Algorithm,
-    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
-    transport: crate::world::TransportKind,
+    #[arg(long, value_enum, default_value = "auto", help = gradwire_run::join::TRANSPORT_HELP)]
+    transport: gradwire_run::join::TransportKind,
 }
 
 /// Runs the check on this rank.
 pub fn run(args: &CheckArgs) -> Result<()> {
-    let mut t = crate::world::join_from_env(args.transport)?;
+    let mut t = gradwire_run::join::join_from_env(args.transport)?;
     let (rank, world) = (t.rank(), t.world_size());
     let mut transport = args.transport.resolve().to_string();
     let mut hier = None;
-    if args.transport.resolve() == crate::world::TransportKind::Tcp {
+    if args.transport.resolve() == gradwire_run::join::TransportKind::Tcp {
         hier = crate::hier::detect(&mut *t)?;
         if let Some(h) = &hier {
             transport = format!("tcp+shm, {}", h.describe());

@@ -26,7 +26,6 @@ mod size;
 mod train;
 mod train_ps;
 mod train_sandblaster;
-mod world;
 
 use std::io::Write;
 

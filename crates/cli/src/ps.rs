@@ -75,7 +75,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
     if (a.wal || a.checkpoint_every.is_some()) && a.dir.is_none() {
         bail!("--wal and --checkpoint-every need --dir");
     }
-    let rank = crate::world::detect()?.map(|l| l.config.rank as u32);
+    let rank = gradwire_run::join::detect()?.map(|l| l.config.rank as u32);
     let shard = ShardConfig {
         shard_id: a.shard_id.or(rank).unwrap_or(0),
         num_workers: a.workers,

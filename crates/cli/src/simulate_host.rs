@@ -137,11 +137,11 @@ pub fn host_worker(
     data: DataShape,
     batch: &Batch,
 ) -> Result<()> {
-    let launched = crate::world::detect()?.context(
+    let launched = gradwire_run::join::detect()?.context(
         "--host-worker is internal: it needs the environment `simulate --host-cores` sets \
          for its ranks",
     )?;
-    let t = crate::world::join_with(crate::world::TransportKind::Tcp, &launched)?;
+    let t = gradwire_run::join::join_with(gradwire_run::join::TransportKind::Tcp, &launched)?;
     let (rank, workers) = (t.rank(), t.world_size());
     let cores = args
         .host_cores

@@ -27,36 +27,7 @@ use crate::launch::{describe, spawn_quiet, RankSpec};
 use crate::plot::human_bytes;
 use crate::records::{append_jsonl, EpochRecord, RunRecord};
 
-/// Momentum correction mode (`--momentum-correction`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MomentumMode {
-    /// The papers' choice: the optimizer applies momentum after aggregation for every codec
-    /// (1-bit, Strom, Dryden, Aji, QSGD, TernGrad), except DGC, whose momentum correction is
-    /// part of the method (the codec owns its momentum).
-    #[default]
-    Auto,
-    /// DGC's momentum correction for every codec (needs SGD with momentum): each worker
-    /// folds momentum into its gradient before the codec, with momentum factor masking for
-    /// the sparsifying codecs, and the optimizer keeps momentum for weight decay only.
-    On,
-    /// Momentum applied by the optimizer after aggregation (same as auto except for DGC,
-    /// which always owns its momentum).
-    Off,
-}
-
-/// Where gradient-norm clipping happens (`--clip-scope`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClipScope {
-    /// The optimizer clips the aggregated gradient at `C` (a single machine's clip), except
-    /// for DGC, which clips each worker's gradient as its paper does.
-    #[default]
-    Global,
-    /// Every codec clips as DGC does (section 3.3): each worker clips its own gradient at
-    /// `C / sqrt(N)` before the sync and its error feedback, and the optimizer does not clip.
-    Local,
-}
+pub use gradwire_run::rules::{ClipScope, MomentumMode};
 
 /// Arguments of `gradwire train` (each may also come from `--config FILE.toml`, same keys).
 /// Values are parsed here, at the edge: a bad one is refused with the allowed values.
@@ -183,9 +154,9 @@ pub struct TrainArgs {
     /// local` does the same).
     #[arg(long)]
     pub threads_as_workers: bool,
-    /// The transport between the ranks (help text: `world::TRANSPORT_HELP`).
-    #[arg(long, value_enum, default_value = "auto", help = crate::world::TRANSPORT_HELP)]
-    pub transport: crate::world::TransportKind,
+    /// The transport between the ranks (help text: `join::TRANSPORT_HELP`).
+    #[arg(long, value_enum, default_value = "auto", help = gradwire_run::join::TRANSPORT_HELP)]
+    pub transport: gradwire_run::join::TransportKind,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -346,7 +317,7 @@ pub struct Host {
 
 impl Host {
     /// This process's host, with the launcher detected from the environment.
-    pub fn detect(launched: Option<&crate::world::Launched>) -> Host {
+    pub fn detect(launched: Option<&gradwire_run::join::Launched>) -> Host {
         Host {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             launched: launched.map(|l| (l.config.world_size, l.local_size)),
@@ -467,63 +438,30 @@ impl TrainArgs {
                  auto mixes codecs per tensor; use --momentum-correction auto"
             );
         }
-        let mut momentum_correction = None;
-        let allow_adaptive = self.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true);
-        if codec.id() == CodecId::Dgc
-            && !matches!(optimizer.kind, OptimizerKind::Sgd { .. })
-            && !allow_adaptive
-        {
-            bail!(
-                "DGC needs SGD: under {optimizer} the per-coordinate normalisation turns DGC's \
-                 accumulated sparse update into one ordinary step and the accumulation is lost \
-                 (the char-LSTM report measured +71% perplexity); use --optimizer sgd:... or \
-                 pass --allow-dgc-adaptive to run it anyway"
-            );
-        }
-        if mode == MomentumMode::On
-            && codec.id() != CodecId::Dgc
-            && optimizer.sgd_momentum().is_none()
-        {
-            bail!(
-                "--momentum-correction on needs SGD with momentum > 0 to take the momentum \
-                 from, and the optimizer is {optimizer}"
-            );
-        }
-        if mode == MomentumMode::On && matches!(&codec, CodecConfig::Adaptive(a) if a.ternary) {
-            bail!(
-                "--momentum-correction on masks the momentum where the codec sent, and \
-                 adaptive with ternary=true sends every entry (its mask would erase the \
-                 momentum): use ternary=false or --momentum-correction auto"
-            );
-        }
-        if let CodecConfig::Dgc(d) = &mut codec {
-            // DGC owns momentum (momentum correction): the optimizer adds the aggregated
-            // update as it is and keeps DGC's momentum for weight decay alone.
-            optimizer = optimizer.momentum_corrected(Some((d.momentum, d.nesterov)));
-            // Local gradient clipping (DGC section 3.3): a training that clips at C clips
-            // each worker's gradient at C / sqrt(N) before accumulation instead of the sum.
-            if d.clip == 0.0 {
-                if let Some(c) = optimizer.clip_norm.take() {
-                    d.clip = c;
-                }
-            }
-        } else if mode == MomentumMode::On && codec.id() != CodecId::None {
-            momentum_correction = optimizer.sgd_momentum();
-            optimizer = optimizer.momentum_corrected(None);
-        }
+        let allow_dgc_adaptive = self.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true);
         let clip_scope = self.clip_scope.or(file.clip_scope).unwrap_or_default();
-        let local_clip = match clip_scope {
-            ClipScope::Global => None,
-            // DGC's codec took the clip above (its own local clipping).
-            ClipScope::Local if codec.id() == CodecId::Dgc => None,
-            ClipScope::Local => match optimizer.clip_norm.take() {
-                Some(c) => Some(c),
-                None => bail!(
-                    "--clip-scope local moves the optimizer's clip=C to each worker, and \
-                     {optimizer} has no clip: add clip=C to --optimizer"
-                ),
-            },
+        let view = gradwire_run::OptimizerView {
+            name: optimizer.to_string(),
+            is_sgd: matches!(optimizer.kind, OptimizerKind::Sgd { .. }),
+            sgd_momentum: optimizer.sgd_momentum(),
+            clip_norm: optimizer.clip_norm,
         };
+        let resolved = gradwire_run::resolve(
+            &codec,
+            &view,
+            gradwire_run::RuleChoices {
+                momentum: mode,
+                clip_scope,
+                allow_dgc_adaptive,
+            },
+        )?;
+        codec = resolved.codec;
+        if let gradwire_run::OptimizerMomentum::Corrected(m) = resolved.optimizer_momentum {
+            optimizer = optimizer.momentum_corrected(m);
+        }
+        optimizer.clip_norm = resolved.optimizer_clip;
+        let momentum_correction = resolved.momentum_correction;
+        let local_clip = resolved.local_clip;
         optimizer.validate()?;
         let local = host.launched.map_or(workers, |(_, local)| local);
         let threads = self
@@ -666,20 +604,20 @@ fn default_optimizer(model: ModelKind) -> OptimizerConfig {
 
 /// Runs `gradwire train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let launched = crate::world::detect()?;
+    let launched = gradwire_run::join::detect()?;
     let plan = args.plan(Host::detect(launched.as_ref()))?;
     if plan.ps.is_some() {
         return crate::train_ps::run(args, &plan, launched.as_ref());
     }
     if let Some(l) = &launched {
-        let t = crate::world::join_with(args.transport, l)?;
+        let t = gradwire_run::join::join_with(args.transport, l)?;
         return run_linked(t, &plan, args.quiet);
     }
     if args.worker {
         bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
     }
-    crate::world::check_unlaunched(args.transport)?;
-    let local = args.transport == crate::world::TransportKind::Local;
+    gradwire_run::join::check_unlaunched(args.transport)?;
+    let local = args.transport == gradwire_run::join::TransportKind::Local;
     if plan.workers == 1 || args.threads_as_workers || local {
         let mut world = Local::world(plan.workers);
         let rest: Vec<_> = world

@@ -1,0 +1,19 @@
+//! gradwire-run: what a run is, without a model, for every front end (the `gradwire` CLI and
+//! the Python package) so that both apply the same rules:
+//!
+//! - [`join`]: which launcher started this process (gradwire launch, torchrun, mpirun, srun,
+//!   MPICH), read from its environment, and the transport (`tcp`, `shm`, `mpi`) that joins the
+//!   job;
+//! - [`rules`]: the training rules between a codec and the optimizer: DGC owns the momentum
+//!   (momentum correction), `--momentum-correction on` moves it into the sync for any codec,
+//!   and where gradient clipping happens.
+#![deny(missing_docs)]
+
+pub mod join;
+pub mod rules;
+
+pub use join::{detect, join_from_env, join_with, JoinError, Launched, TransportKind};
+pub use rules::{
+    resolve, ClipScope, MomentumMode, OptimizerMomentum, OptimizerView, Resolved, RuleChoices,
+    RulesError,
+};
