@@ -535,7 +535,11 @@ pub fn save_params(path: &Path, params: &[f32]) -> Result<()> {
 }
 
 /// Runs a parameter-server `train` (parent, or one worker).
-pub fn run(args: &TrainArgs, plan: &Plan, launched: Option<&crate::world::Launched>) -> Result<()> {
+pub fn run(
+    args: &TrainArgs,
+    plan: &Plan,
+    launched: Option<&gradwire_run::join::Launched>,
+) -> Result<()> {
     let ps = plan.ps.as_ref().expect("a ps plan");
     if let Some(l) = launched {
         return run_worker(l.config.rank, l.config.world_size, plan, ps, args.quiet);

@@ -53,7 +53,6 @@ pub mod frame;
 mod handshake;
 mod refusals;
 mod rendezvous;
-pub mod service;
 mod sys;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

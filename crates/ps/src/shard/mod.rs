@@ -28,10 +28,10 @@ use crate::auth::{Peer, Role};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::durability::{read_checkpoint_versioned, Wal, WalFaults};
+use crate::durability::{read_checkpoint, Wal};
 use crate::spec::{ChunkId, Consistency};
 use crate::wire::{ErrorCode, RemoteError, Request, Response};
 
@@ -49,9 +49,6 @@ mod workers;
 pub use durable::{check_checkpoint_body, check_wal_bytes};
 pub use limits::Limits;
 use state::{Chunk, Live, State, WorkerSlot};
-
-/// Default WAL size that triggers a checkpoint.
-pub const DEFAULT_WAL_ROTATE_BYTES: u64 = 64 << 20;
 
 /// Settings of one shard.
 #[derive(Debug, Clone)]
@@ -78,11 +75,6 @@ pub struct ShardConfig {
     pub seed: u64,
     /// What the shard agrees to hold.
     pub limits: Limits,
-    /// Take a checkpoint (which empties the WAL) once the WAL holds more than this many
-    /// bytes.
-    pub wal_rotate_bytes: u64,
-    /// Failures to inject into WAL appends and fsyncs (tests, drills); `None` in service.
-    pub wal_faults: Option<Arc<WalFaults>>,
 }
 
 impl Default for ShardConfig {
@@ -99,8 +91,6 @@ impl Default for ShardConfig {
             max_body: crate::wire::DEFAULT_MAX_BODY,
             seed: 0,
             limits: Limits::default(),
-            wal_rotate_bytes: DEFAULT_WAL_ROTATE_BYTES,
-            wal_faults: None,
         }
     }
 }
@@ -227,24 +217,20 @@ impl Shard {
         };
         if let Some(dir) = &shard.cfg.dir {
             std::fs::create_dir_all(dir).map_err(crate::Error::Durability)?;
-            if let Some((version, body)) =
-                read_checkpoint_versioned(&shard.ckpt_path()).map_err(crate::Error::Durability)?
+            if let Some(body) =
+                read_checkpoint(&shard.ckpt_path()).map_err(crate::Error::Durability)?
             {
                 shard
-                    .restore(&mut st, &body, version, now)
+                    .restore(&mut st, &body, now)
                     .map_err(crate::Error::CorruptCheckpoint)?;
             }
             if shard.cfg.wal {
                 let path = dir.join(format!("shard-{}.wal", shard.cfg.shard_id));
-                // Records are replayed as they are read: the log is never held whole.
-                let wal = Wal::open_with(
-                    &path,
-                    shard.cfg.wal_sync,
-                    shard.cfg.max_body + 64,
-                    shard.cfg.wal_faults.clone(),
-                    |r| shard.replay(&mut st, r, now),
-                )
-                .map_err(crate::Error::Durability)?;
+                let (wal, records) = Wal::open(&path, shard.cfg.wal_sync, shard.cfg.max_body + 64)
+                    .map_err(crate::Error::Durability)?;
+                for r in &records {
+                    shard.replay(&mut st, r, now);
+                }
                 st.wal = Some(wal);
             }
         }
@@ -408,7 +394,6 @@ impl Shard {
                 values,
             } => self.set_vec(slot, chunk, values).map(Out::Resp),
         };
-        self.maybe_rotate();
         match r {
             Ok(out) => out,
             Err(e) => self.refused(*e),
