@@ -5,7 +5,8 @@
 //! treated as unreachable (the attempt fails and is retried).
 //!
 //! Every request is retried (reconnecting, with backoff) until the operation's deadline on
-//! I/O errors, timeouts, corrupt replies and "your frame was malformed" answers; a push
+//! I/O errors, timeouts, corrupt replies, "your frame was malformed", "busy" and "could not
+//! make it durable" answers; a push
 //! keeps its sequence number across retries, so the shard applies it once. Replies carry
 //! the request id, so a late or duplicated reply to an earlier attempt is skipped.
 //! Chunks on different shards are sent in parallel (one scoped thread per shard).
@@ -279,6 +280,11 @@ impl Conn {
                 }
                 Ok(Response::Error(e)) if e.code == ErrorCode::Busy => {
                     format!("shard busy: {}", e.message)
+                }
+                Ok(Response::Error(e)) if e.code == ErrorCode::Durability => {
+                    // Not acknowledged; the shard repairs its log before the next append,
+                    // and a resent push keeps its sequence number (applied once).
+                    format!("shard could not make it durable: {}", e.message)
                 }
                 Ok(Response::Error(e)) => return Err(remote_to_error(self.shard, e)),
                 Ok(r) => return Ok(r),

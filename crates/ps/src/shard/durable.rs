@@ -7,6 +7,7 @@ use crate::durability::write_checkpoint;
 use crate::spec::ChunkId;
 use crate::wire::{Cursor, ErrorCode, FrameHeader, Request, WireError, HEADER_LEN};
 
+use super::vecops::VecPlan;
 use super::*;
 
 impl Shard {
@@ -42,14 +43,19 @@ impl Shard {
         Ok(())
     }
 
-    /// Writes a checkpoint (parameters, optimizer state, rounds, clocks, dedup state) and
-    /// empties the WAL. Returns the checkpoint's lsn.
+    /// Writes a checkpoint (parameters, optimizer state, rounds, clocks, dedup state,
+    /// scratch vectors) and then, only once it is durable, empties the WAL. Returns the
+    /// checkpoint's lsn.
     pub fn checkpoint(&self) -> Result<u64, Rejection> {
         if self.cfg.dir.is_none() {
             return Err(invalid("this shard has no checkpoint directory"));
         }
         let mut st = self.lock();
-        let body = self.snapshot(&st);
+        self.checkpoint_in(&mut st)
+    }
+
+    fn checkpoint_in(&self, st: &mut State) -> Result<u64, Rejection> {
+        let body = self.snapshot(st);
         write_checkpoint(&self.ckpt_path(), &body).map_err(|e| {
             err(
                 ErrorCode::Durability,
@@ -69,6 +75,26 @@ impl Shard {
             })?;
         }
         Ok(st.lsn)
+    }
+
+    /// Rotates the WAL: a checkpoint once the log holds more than `wal_rotate_bytes`
+    /// (called between requests, when every logged record has been applied).
+    pub(super) fn maybe_rotate(&self) {
+        if self.cfg.dir.is_none() {
+            return;
+        }
+        let mut st = self.lock();
+        if st
+            .wal
+            .as_ref()
+            .is_none_or(|w| w.len() <= self.cfg.wal_rotate_bytes)
+        {
+            return;
+        }
+        match self.checkpoint_in(&mut st) {
+            Ok(lsn) => tracing::debug!(lsn, "WAL rotated into a checkpoint"),
+            Err(e) => tracing::warn!(error = %e.message, "WAL rotation: checkpoint failed"),
+        }
     }
 
     pub(super) fn snapshot(&self, st: &State) -> Vec<u8> {
@@ -123,13 +149,28 @@ impl Shard {
                 b.extend_from_slice(&k.to_le_bytes());
             }
         }
+        let mut slots: Vec<_> = st.vecs.iter().collect();
+        slots.sort_by_key(|(slot, _)| **slot);
+        b.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+        for (slot, m) in slots {
+            b.extend_from_slice(&slot.to_le_bytes());
+            b.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            for (id, v) in m {
+                b.extend_from_slice(&id.key.0.to_le_bytes());
+                b.extend_from_slice(&id.index.to_le_bytes());
+                put_f32s(&mut b, v);
+            }
+        }
         b
     }
 
+    /// Rebuilds the state from a checkpoint body of format `version` (1: no scratch
+    /// vectors).
     pub(super) fn restore(
         &self,
         st: &mut State,
         body: &[u8],
+        version: u8,
         now: Instant,
     ) -> Result<(), WireError> {
         let nw = self.cfg.num_workers as usize;
@@ -210,6 +251,21 @@ impl Shard {
             }
             st.chunks.insert(chunk, ch);
         }
+        if version >= 2 {
+            let slots = c.u32()?;
+            for _ in 0..slots {
+                let slot = c.u64()?;
+                let n = c.u32()?;
+                for _ in 0..n {
+                    let id = ChunkId {
+                        key: crate::spec::Key(c.u64()?),
+                        index: c.u32()?,
+                    };
+                    let v = c.f32s("scratch vector")?;
+                    st.vecs.entry(slot).or_default().insert(id, v);
+                }
+            }
+        }
         c.finish()
     }
 
@@ -252,6 +308,20 @@ impl Shard {
                                 if let Ok(delta) = Self::decode_delta(c, &p, None) {
                                     Self::apply_push(st, &p, delta);
                                 }
+                            }
+                        }
+                        Request::VecOp(op) => {
+                            if let Ok(VecPlan::Write(c, outs)) = self.plan_vec_op(st, op, false) {
+                                Self::apply_vec_op(st, c, outs);
+                            }
+                        }
+                        Request::SetVec {
+                            slot,
+                            chunk,
+                            values,
+                        } => {
+                            if self.check_set_vec(st, slot, chunk, &values, false).is_ok() {
+                                st.vecs.entry(slot).or_default().insert(chunk, values);
                             }
                         }
                         _ => {
@@ -299,7 +369,7 @@ pub fn check_checkpoint_body(num_workers: u32, body: &[u8]) -> Result<(), WireEr
         stats: ShardStats::default(),
         frame: Vec::new(),
     };
-    let r = shard.restore(&mut fresh, body, now);
+    let r = shard.restore(&mut fresh, body, crate::durability::CKPT_VERSION, now);
     *st = fresh;
     r
 }

@@ -15,23 +15,33 @@
 //! that has not left has pushed; a dead one (no message for `heartbeat_timeout`) makes the
 //! waiters fail with `WorkerLost` naming it (strict) or is left out (shrink).
 //!
-//! WAL records (after the lsn u64): kind 1 = an applied request (Hello, Leave, Init, Push)
-//! as a full encoded frame; kind 2 = a sync round closed, chunk (key u64, index u32).
-//! Replaying them on top of the last checkpoint rebuilds the exact state.
+//! WAL records (after the lsn u64): kind 1 = an applied request (Hello, Leave, Init, Push,
+//! and Sandblaster's VecOp and SetVec) as a full encoded frame; kind 2 = a sync round
+//! closed, chunk (key u64, index u32). A record is logged, under the shard's lock, before
+//! its request changes anything, and a request whose record could not be made durable is
+//! refused (`Durability`) and changes nothing. Replaying the records on top of the last
+//! checkpoint rebuilds the exact state. Once the WAL passes `wal_rotate_bytes`, the shard
+//! writes a checkpoint between requests and empties the WAL.
 //!
-//! Checkpoint body: lsn u64, workers u32, per worker (incarnation u64, base u64, left u8,
-//! n u32 + n applied seqs u64, n u32 + n × (chunk, round u64)); chunks u32, per chunk (in
-//! id order): Init frame (u32 length + frame), step u64, f32s a, f32s b, round u64,
-//! n_grad u32, f32s pend_grad, f32s pend_add, n u32 + n contributor ids u32, n u32 + n
-//! clocks u64.
+//! Checkpoint body (format 2): lsn u64, workers u32, per worker (incarnation u64, base u64,
+//! left u8, n u32 + n applied seqs u64, n u32 + n × (chunk, round u64)); chunks u32, per
+//! chunk (in id order): Init frame (u32 length + frame), step u64, f32s a, f32s b, round
+//! u64, n_grad u32, f32s pend_grad, f32s pend_add, n u32 + n contributor ids u32, n u32 + n
+//! clocks u64; then scratch slots u32, per slot (in order): slot u64, n u32, n × (chunk,
+//! f32s). Format 1 ends before the scratch slots.
+//!
+//! Connections reach a shard only through `server.rs`, authenticated and bound to a
+//! [`Peer`]: [`Shard::handle_from`] refuses what that peer may not do (`auth.rs`), and
+//! every request is held to the shard's [`Limits`] (`limits.rs`).
+
 use crate::auth::{Peer, Role};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::durability::{read_checkpoint, Wal};
+use crate::durability::{read_checkpoint_versioned, Wal, WalFaults};
 use crate::spec::{ChunkId, Consistency};
 use crate::wire::{ErrorCode, RemoteError, Request, Response};
 
@@ -49,6 +59,9 @@ mod workers;
 pub use durable::{check_checkpoint_body, check_wal_bytes};
 pub use limits::Limits;
 use state::{Chunk, Live, State, WorkerSlot};
+
+/// Default WAL size that triggers a checkpoint.
+pub const DEFAULT_WAL_ROTATE_BYTES: u64 = 64 << 20;
 
 /// Settings of one shard.
 #[derive(Debug, Clone)]
@@ -75,6 +88,11 @@ pub struct ShardConfig {
     pub seed: u64,
     /// What the shard agrees to hold.
     pub limits: Limits,
+    /// Take a checkpoint (which empties the WAL) once the WAL holds more than this many
+    /// bytes.
+    pub wal_rotate_bytes: u64,
+    /// Failures to inject into WAL appends and fsyncs (tests, drills); `None` in service.
+    pub wal_faults: Option<Arc<WalFaults>>,
 }
 
 impl Default for ShardConfig {
@@ -91,6 +109,8 @@ impl Default for ShardConfig {
             max_body: crate::wire::DEFAULT_MAX_BODY,
             seed: 0,
             limits: Limits::default(),
+            wal_rotate_bytes: DEFAULT_WAL_ROTATE_BYTES,
+            wal_faults: None,
         }
     }
 }
@@ -217,20 +237,24 @@ impl Shard {
         };
         if let Some(dir) = &shard.cfg.dir {
             std::fs::create_dir_all(dir).map_err(crate::Error::Durability)?;
-            if let Some(body) =
-                read_checkpoint(&shard.ckpt_path()).map_err(crate::Error::Durability)?
+            if let Some((version, body)) =
+                read_checkpoint_versioned(&shard.ckpt_path()).map_err(crate::Error::Durability)?
             {
                 shard
-                    .restore(&mut st, &body, now)
+                    .restore(&mut st, &body, version, now)
                     .map_err(crate::Error::CorruptCheckpoint)?;
             }
             if shard.cfg.wal {
                 let path = dir.join(format!("shard-{}.wal", shard.cfg.shard_id));
-                let (wal, records) = Wal::open(&path, shard.cfg.wal_sync, shard.cfg.max_body + 64)
-                    .map_err(crate::Error::Durability)?;
-                for r in &records {
-                    shard.replay(&mut st, r, now);
-                }
+                // Records are replayed as they are read: the log is never held whole.
+                let wal = Wal::open_with(
+                    &path,
+                    shard.cfg.wal_sync,
+                    shard.cfg.max_body + 64,
+                    shard.cfg.wal_faults.clone(),
+                    |r| shard.replay(&mut st, r, now),
+                )
+                .map_err(crate::Error::Durability)?;
                 st.wal = Some(wal);
             }
         }
@@ -394,6 +418,7 @@ impl Shard {
                 values,
             } => self.set_vec(slot, chunk, values).map(Out::Resp),
         };
+        self.maybe_rotate();
         match r {
             Ok(out) => out,
             Err(e) => self.refused(*e),

@@ -21,11 +21,31 @@ impl Shard {
         }
     }
 
-    /// Runs a vector op. Everything is checked before anything is written: a result for a
-    /// table must have the table's length (a table never changes length), results must be
-    /// finite, and new scratch vectors must fit the limits.
+    /// Runs a vector op: checks and computes it, logs it, then writes its results.
     pub(super) fn vec_op(&self, op: VecOp) -> Result<Response, Rejection> {
         let mut st = self.lock();
+        match self.plan_vec_op(&st, op, true)? {
+            VecPlan::Dot(sum) => Ok(Response::Ok {
+                value: sum.to_bits(),
+            }),
+            VecPlan::Write(c, outs) => {
+                self.log_request(&mut st, &Request::VecOp(op))?;
+                Self::apply_vec_op(&mut st, c, outs);
+                Ok(Response::Ok { value: 0 })
+            }
+        }
+    }
+
+    /// Computes a vector op without writing anything. Everything is checked first: a
+    /// result for a table must have the table's length (a table never changes length),
+    /// results must be finite, and new scratch vectors must fit the limits (`limits`:
+    /// off when replaying what was accepted before).
+    pub(super) fn plan_vec_op(
+        &self,
+        st: &State,
+        op: VecOp,
+        limits: bool,
+    ) -> Result<VecPlan, Rejection> {
         let get = |st: &State, slot: u64, id: ChunkId, n: usize| -> Result<Vec<f32>, Rejection> {
             Self::slot_vecs(st, slot)
                 .into_iter()
@@ -37,29 +57,23 @@ impl Shard {
         let (a, b, c, alpha, is_axpy) = match op {
             VecOp::Dot { a, b } => {
                 let mut sum = 0f64;
-                for (id, va) in Self::slot_vecs(&st, a) {
-                    let vb = get(&st, b, id, va.len())?;
+                for (id, va) in Self::slot_vecs(st, a) {
+                    let vb = get(st, b, id, va.len())?;
                     sum += va
                         .iter()
                         .zip(&vb)
                         .map(|(x, y)| *x as f64 * *y as f64)
                         .sum::<f64>();
                 }
-                return Ok(Response::Ok {
-                    value: sum.to_bits(),
-                });
+                return Ok(VecPlan::Dot(sum));
             }
             VecOp::Axpy { a, b, c, alpha } => (a, b, c, alpha, true),
             VecOp::Scale { a, c, alpha } => (a, 0, c, alpha, false),
         };
-        let srcs: Vec<(ChunkId, Vec<f32>)> = Self::slot_vecs(&st, a)
-            .into_iter()
-            .map(|(id, v)| (id, v.to_vec()))
-            .collect();
-        let mut outs = Vec::with_capacity(srcs.len());
-        for (id, va) in srcs {
+        let mut outs = Vec::new();
+        for (id, va) in Self::slot_vecs(st, a) {
             let out: Vec<f32> = if is_axpy {
-                let vb = get(&st, b, id, va.len())?;
+                let vb = get(st, b, id, va.len())?;
                 va.iter().zip(&vb).map(|(x, y)| x + alpha * y).collect()
             } else {
                 va.iter().map(|x| alpha * x).collect()
@@ -88,7 +102,7 @@ impl Shard {
                     _ => return Err(invalid(format!("table {c} has no {id}"))),
                 }
             }
-        } else {
+        } else if limits {
             let old = st.vecs.get(&c);
             let new = outs
                 .iter()
@@ -100,12 +114,10 @@ impl Shard {
                     .sum()
             });
             let add: usize = outs.iter().map(|(_, o)| o.len()).sum();
-            self.check_vectors(&st, new)?;
-            self.check_elements(&st, add, freed)?;
+            self.check_vectors(st, new)?;
+            self.check_elements(st, add, freed)?;
         }
-        self.log_request(&mut st, &Request::VecOp(op))?;
-        Self::apply_vec_op(&mut st, c, outs);
-        Ok(Response::Ok { value: 0 })
+        Ok(VecPlan::Write(c, outs))
     }
 
     /// Writes checked vector-op results into slot `c`.
@@ -121,20 +133,43 @@ impl Shard {
         }
     }
 
-    /// Stores a scratch slice: the slot must be a scratch slot, the chunk must be on this
-    /// shard and the values must have its length and be finite.
+    /// Stores a scratch slice (checked by [`Shard::check_set_vec`]), logged first.
     pub(super) fn set_vec(
         &self,
         slot: u64,
         chunk: ChunkId,
         values: Vec<f32>,
     ) -> Result<Response, Rejection> {
+        let mut st = self.lock();
+        self.check_set_vec(&st, slot, chunk, &values, true)?;
+        let req = Request::SetVec {
+            slot,
+            chunk,
+            values,
+        };
+        self.log_request(&mut st, &req)?;
+        if let Request::SetVec { values, .. } = req {
+            st.vecs.entry(slot).or_default().insert(chunk, values);
+        }
+        Ok(Response::Ok { value: 0 })
+    }
+
+    /// Whether a scratch slice may be stored: the slot must be a scratch slot, the chunk
+    /// must be on this shard, the values must have its length and be finite, and (with
+    /// `limits`) the vector must fit.
+    pub(super) fn check_set_vec(
+        &self,
+        st: &State,
+        slot: u64,
+        chunk: ChunkId,
+        values: &[f32],
+        limits: bool,
+    ) -> Result<(), Rejection> {
         if slot < 1 << 32 {
             return Err(invalid(
                 "SetVec slots start at 2^32 (lower slots are tables)",
             ));
         }
-        let mut st = self.lock();
         let Some(len) = st.chunks.get(&chunk).map(|c| c.values.len()) else {
             return Err(err(
                 ErrorCode::NotInitialized,
@@ -154,19 +189,19 @@ impl Shard {
         if !values.iter().all(|v| v.is_finite()) {
             return Err(invalid(format!("{chunk}: non-finite values")));
         }
-        let old = st.vecs.get(&slot).and_then(|m| m.get(&chunk)).map(Vec::len);
-        self.check_vectors(&st, usize::from(old.is_none()))?;
-        self.check_elements(&st, len, old.unwrap_or(0))?;
-        let req = Request::SetVec {
-            slot,
-            chunk,
-            values,
-        };
-        self.log_request(&mut st, &req)?;
-        let Request::SetVec { values, .. } = req else {
-            return Err(invalid("internal: SetVec went missing"));
-        };
-        st.vecs.entry(slot).or_default().insert(chunk, values);
-        Ok(Response::Ok { value: 0 })
+        if limits {
+            let old = st.vecs.get(&slot).and_then(|m| m.get(&chunk)).map(Vec::len);
+            self.check_vectors(st, usize::from(old.is_none()))?;
+            self.check_elements(st, len, old.unwrap_or(0))?;
+        }
+        Ok(())
     }
+}
+
+/// What a vector op comes to.
+pub(super) enum VecPlan {
+    /// A dot product's partial sum (nothing written).
+    Dot(f64),
+    /// Results to write into slot `.0`.
+    Write(u64, Vec<(ChunkId, Vec<f32>)>),
 }

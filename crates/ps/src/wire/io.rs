@@ -24,8 +24,8 @@ pub enum ReadError {
 const GROW_STEP: usize = 64 << 10;
 
 /// Reads one frame from `r` into `body` (reused), checking the header, the limit (before
-/// allocating) and the CRC. Returns the header; decode `body` with [`Request::decode`] or
-/// [`Response::decode`].
+/// allocating) and the CRC. Returns the header; decode `body` with [`super::Request::decode`] or
+/// [`super::Response::decode`].
 ///
 /// Memory follows the bytes that arrive: a header announcing a large body commits nothing
 /// until the body comes, and the buffer at most doubles per read. A read that times out in
