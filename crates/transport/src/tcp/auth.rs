@@ -21,8 +21,9 @@
 //! one MAC to test guesses against offline. A long random token makes that useless.
 //!
 //! Both nonces are fresh random bytes, the two MACs carry different labels and each covers
-//! everything sent before it, so no proof can be replayed or reflected. Tags are compared in
-//! constant time (`hmac`'s `verify_slice`, built on `subtle`).
+//! everything sent before it, so no proof can be replayed or reflected. The MAC key is a
+//! SHA-256 digest of the token (so no two tokens share a key). Tags are compared in constant
+//! time (`hmac`'s `verify_slice`, built on `subtle`).
 //!
 //! The hello carries the digest of the job's identity ([`job_digest`] of the launcher's job
 //! id; with rank 0's random mesh identity mixed in, [`join_digest`], between two ranks other
@@ -69,9 +70,16 @@ fn first_bytes(d: &[u8]) -> [u8; JOB_LEN] {
     out
 }
 
+/// The MAC key: SHA-256 of the token. HMAC pads a short key with zero bytes, so the token
+/// itself as the key would make `"abc"` and `"abc\0"` the same key; its digest tells every
+/// two tokens apart.
 fn keyed(token: &[u8], label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-    // HMAC takes keys of any length (longer ones are hashed), so this cannot fail.
-    let mut m = <HmacSha256 as Mac>::new_from_slice(token).expect("HMAC takes keys of any length");
+    let mut h = Sha256::new();
+    h.update(b"gradwire token\0");
+    h.update(token);
+    let key = h.finalize();
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut m = <HmacSha256 as Mac>::new_from_slice(&key).expect("HMAC takes keys of any length");
     m.update(label);
     for p in parts {
         m.update(p);
@@ -369,6 +377,9 @@ mod tests {
         assert_eq!(i, Ok(()));
         assert_eq!(exchange(b"t", b"u").0, Err(Refusal::WrongToken));
         assert_eq!(exchange(b"", b"t").0, Err(Refusal::WrongToken));
+        // Tokens that differ only by trailing zero bytes are different tokens.
+        assert_eq!(exchange(b"t", b"t\0").0, Err(Refusal::WrongToken));
+        assert_eq!(exchange(b"", b"\0").0, Err(Refusal::WrongToken));
     }
 
     /// The challenge is the same whatever the token: the acceptor reveals nothing derived
