@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gradwire_codec::{CodecConfig, CodecId};
+use gradwire_codec::CodecConfig;
 use gradwire_train::data::{default_data_dir, DatasetKind};
 use gradwire_train::{
     EngineConfig, EngineSync, EpochStats, GradientSync, ModelKind, MomentumConfig, OptimizerConfig,
