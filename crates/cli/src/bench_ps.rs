@@ -116,11 +116,8 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let shards = crate::train_ps::Shards::start(
-        args.servers,
-        args.np,
-        &crate::train_ps::ShardOptions::default(),
-    )?;
+    let shards =
+        crate::ps::Shards::start(args.servers, args.np, &crate::ps::ShardOptions::default())?;
     let addrs: Vec<String> = shards.addrs.iter().map(ToString::to_string).collect();
     let mut report: Report = run_ranks_for_json(
         args.np,

@@ -40,13 +40,12 @@
 //! (`bytes_sent` is what rank 0 pushed), and a `ps` object in run.json with every worker's
 //! pushes, pulls and bytes, and the workers lost.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::str::FromStr;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -59,6 +58,7 @@ use gradwire_train::{
 
 use crate::launch::{describe, spawn_quiet, RankSpec};
 use crate::plot::human_bytes;
+use crate::ps::{ShardOptions, Shards};
 use crate::train::{Plan, TrainArgs};
 
 /// What `--sync` asks for: an all-reduce strategy or a parameter-server mode.
@@ -354,8 +354,8 @@ pub fn downpour_default(
     }
     let (file_optimizer, file_lr) = match &cx.args.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let v: toml::Value =
                 toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
             (v.get("optimizer").is_some(), v.get("lr").is_some())
@@ -552,7 +552,7 @@ pub fn run(
     }
     let mut shards = None;
     let addrs = if ps.addrs.is_empty() {
-        let s = Shards::start(ps.servers, plan.workers, &ShardOptions::default())?;
+        let s = Shards::start(ps.servers, plan.workers, &ShardOptions::for_run(&plan.out))?;
         let a = s.addrs.clone();
         shards = Some(s);
         a
@@ -588,6 +588,7 @@ pub fn run(
         args: child_args,
     };
     let statuses = spawn_quiet(&spec)?.wait_all()?;
+    let restarts = shards.as_ref().map_or_else(Vec::new, Shards::restarts);
     drop(shards);
     let lost: Vec<(usize, ExitStatus)> = statuses
         .iter()
@@ -623,15 +624,21 @@ pub fn run(
             PsMode::Table(ps.consistency)
         );
     }
-    merge_worker_reports(&plan.out, plan.workers, &lost)
+    merge_worker_reports(&plan.out, plan.workers, &lost, &restarts)
 }
 
 fn worker_file(out: &Path, rank: usize) -> PathBuf {
     out.join(format!("ps-worker-{rank}.json"))
 }
 
-/// Adds every finished worker's summary and the lost workers to rank 0's run.json.
-fn merge_worker_reports(out: &Path, workers: usize, lost: &[(usize, ExitStatus)]) -> Result<()> {
+/// Adds every finished worker's summary, the lost workers and each shard's restarts to
+/// rank 0's run.json.
+fn merge_worker_reports(
+    out: &Path,
+    workers: usize,
+    lost: &[(usize, ExitStatus)],
+    restarts: &[u32],
+) -> Result<()> {
     let path = out.join("run.json");
     let mut run: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
@@ -654,6 +661,7 @@ fn merge_worker_reports(out: &Path, workers: usize, lost: &[(usize, ExitStatus)]
         .iter()
         .map(|(r, s)| serde_json::json!({"rank": r, "status": describe(*s)}))
         .collect::<Vec<_>>());
+    ps["shard_restarts"] = serde_json::json!(restarts);
     ps["bytes_pushed_all"] = pushed.into();
     ps["bytes_pulled_all"] = pulled.into();
     std::fs::write(&path, serde_json::to_string_pretty(&run)? + "\n")
@@ -840,114 +848,6 @@ fn append_line(path: &Path, v: &serde_json::Value) -> Result<()> {
     writeln!(f, "{v}").with_context(|| format!("writing {}", path.display()))
 }
 
-/// Settings of the shard processes.
-#[derive(Debug, Clone)]
-pub struct ShardOptions {
-    /// A worker silent this long is dead.
-    pub heartbeat_timeout_s: f64,
-}
-
-impl Default for ShardOptions {
-    fn default() -> Self {
-        ShardOptions {
-            heartbeat_timeout_s: 10.0,
-        }
-    }
-}
-
-/// The token this run's shards and workers share: `GRADWIRE_PS_TOKEN` or `GRADWIRE_TOKEN`
-/// if either is set, else 128 random bits. Stored in this process's `GRADWIRE_PS_TOKEN`,
-/// so the worker processes started later inherit it (a launcher replaces their
-/// `GRADWIRE_TOKEN` with its own) and in-process clients read it. Call it before starting
-/// other threads.
-pub fn ensure_ps_token() -> String {
-    let token = gradwire_ps::auth::token_from_env();
-    let token = if token.is_empty() {
-        format!("{:032x}", rand::random::<u128>())
-    } else {
-        token
-    };
-    std::env::set_var(gradwire_ps::auth::PS_TOKEN_ENV, &token);
-    token
-}
-
-/// Shard processes (`gradwire ps serve`) of this run; dropping stops them.
-pub struct Shards {
-    children: Vec<Child>,
-    /// Their addresses, in shard order.
-    pub addrs: Vec<SocketAddr>,
-}
-
-impl Shards {
-    /// Starts `n` shards for `workers` workers on loopback and waits for their addresses.
-    /// The shards take this process's PS token ([`ensure_ps_token`]), which the workers
-    /// started after inherit.
-    pub fn start(n: usize, workers: usize, opts: &ShardOptions) -> Result<Shards> {
-        let exe = std::env::current_exe().context("locating the gradwire binary")?;
-        let token = ensure_ps_token();
-        let mut shards = Shards {
-            children: Vec::new(),
-            addrs: Vec::new(),
-        };
-        let mut lines = Vec::new();
-        for i in 0..n {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["ps", "serve", "--listen", "127.0.0.1:0"])
-                .arg(format!("--shard-id={i}"))
-                .arg(format!("--workers={workers}"))
-                .arg(format!("--heartbeat-timeout={}", opts.heartbeat_timeout_s))
-                .env_remove("GRADWIRE_RANK")
-                .env_remove("GRADWIRE_WORLD_SIZE")
-                .env(gradwire_ps::auth::PS_TOKEN_ENV, &token)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped());
-            // The shard leads its own process group and dies with this process.
-            crate::launch::own_group_dies_with_parent(&mut cmd);
-            let mut child = cmd
-                .spawn()
-                .with_context(|| format!("starting shard {i}: {}", exe.display()))?;
-            let out = child.stdout.take().expect("piped");
-            shards.children.push(child);
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                let mut r = BufReader::new(out);
-                let mut line = String::new();
-                let _ = r.read_line(&mut line);
-                let _ = tx.send(line);
-                // Keep reading so the shard never blocks on a full pipe.
-                let _ = std::io::copy(&mut r, &mut std::io::sink());
-            });
-            lines.push(rx);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for (i, rx) in lines.into_iter().enumerate() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .map_err(|_| anyhow::anyhow!("shard {i} printed no address within 30 s"))?;
-            let addr = line
-                .trim()
-                .strip_prefix("listening on ")
-                .and_then(|a| a.parse().ok())
-                .with_context(|| format!("shard {i} did not start (it printed {line:?})"))?;
-            shards.addrs.push(addr);
-        }
-        Ok(shards)
-    }
-}
-
-impl Drop for Shards {
-    fn drop(&mut self) {
-        for c in &self.children {
-            // SAFETY: kill(2) on the process group of a shard we spawned and have not reaped.
-            unsafe { libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL) };
-        }
-        for c in &mut self.children {
-            let _ = c.wait();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -990,7 +890,10 @@ mod tests {
             "ps-async defaults to Downpour's Adagrad, not {}",
             ps.updater
         );
-        assert_eq!((ps.local_lr, ps.optimizer.clone()), (0.0, OptimizerConfig::adagrad(0.01)));
+        assert_eq!(
+            (ps.local_lr, ps.optimizer.clone()),
+            (0.0, OptimizerConfig::adagrad(0.01))
+        );
         let p = plan_of(&["--sync", "ps-ssp:3", "--optimizer", "adagrad:lr=0.1"]).unwrap();
         let ps = p.ps.unwrap();
         assert_eq!(ps.consistency, Consistency::Ssp { staleness: 3 });

@@ -300,6 +300,95 @@ fn ps_async_trains_on_when_a_worker_is_killed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The pid of the train parent's shard `i` (its child running `ps serve --shard-id=i`).
+fn shard_pid(parent: u32, i: usize) -> Option<u32> {
+    let want = format!("--shard-id={i}");
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.contains(&&b"serve"[..]) && args.contains(&want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Downpour with 2 workers and 2 shards: shard 1 is SIGKILLed mid-epoch; the run starts it
+/// again on its address from its write-ahead log and checkpoint under --out, the workers
+/// carry on (their resends are applied once), and the run ends with every epoch's accuracy.
+#[test]
+fn ps_async_survives_a_shard_killed_mid_epoch() {
+    let Some(data) = fashion_mnist() else { return };
+    let dir = scratch("shard-kill");
+    let out_dir = dir.join("run");
+    let mut cmd = gradwire();
+    cmd.args(short_run(&data, &out_dir))
+        .args(["--workers", "2", "--servers", "2", "--sync", "ps-async"])
+        .args(["--epochs", "2", "--max-steps", "400"]);
+    let mut run = Streaming::spawn(cmd);
+    let parent = run.guard.0.id();
+    // Mid-epoch 1: once the workers have pushed for a while (the WAL has records).
+    let wal = out_dir.join("ps-shards/shard-1.wal");
+    let t0 = Instant::now();
+    while std::fs::metadata(&wal).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "shard 1 logged nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = shard_pid(parent, 1).expect("shard 1 runs");
+    kill(victim);
+    let status = loop {
+        if let Some(s) = run.guard.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(240),
+            "training still running 240 s after shard 1 was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = run.stderr.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{err}");
+    assert!(err.contains("shard 1 exited"), "{err}");
+    let mut lines = Vec::new();
+    while let Ok(l) = run.lines.recv_timeout(Duration::from_secs(10)) {
+        lines.push(l);
+    }
+    let epochs: Vec<serde_json::Value> = lines
+        .iter()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(epochs.len(), 2, "{lines:?}");
+    assert!(
+        epochs[1]["test_accuracy"].as_f64().unwrap() > 0.5,
+        "{epochs:?}"
+    );
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["ps"]["shard_restarts"], serde_json::json!([0, 1]));
+    for w in run["ps"]["workers"].as_array().unwrap() {
+        assert_eq!(w["steps"], 800, "{w}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Bad combinations are refused before any data loads or process starts, by name.
 #[test]
 fn bad_ps_flag_combinations_are_refused_with_the_named_error() {
