@@ -898,6 +898,7 @@ pub(crate) fn progress_bar(steps: usize, epoch: usize, epochs: usize) -> Progres
 mod tests {
     use super::*;
     use clap::Parser;
+    use gradwire_codec::CodecId;
 
     #[derive(Parser)]
     struct Cli {
