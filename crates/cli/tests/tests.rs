@@ -480,7 +480,7 @@ fn train_over_shm_workers() {
     let out_dir = std::env::temp_dir().join(format!("gradwire-train-shm-{}", std::process::id()));
     let mut cmd = gradwire();
     cmd.env("GRADWIRE_DATA", &data)
-        .env("RUST_LOG", "gradwire::world=info")
+        .env("RUST_LOG", "gradwire_run::join=info")
         .env("NO_COLOR", "1")
         .args([
             "train",
