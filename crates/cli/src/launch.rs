@@ -1,11 +1,21 @@
 //! `gradwire launch`: start N local ranks, prefix their output, stop all on the first failure.
+//!
+//! Every job gets a fresh random token (`GRADWIRE_TOKEN`) and job identity
+//! (`GRADWIRE_JOB_ID`). A SIGTERM or SIGINT to the launcher is forwarded to every rank (and
+//! what it started), which then get [`GRACE`] to end before SIGKILL. Once the ranks have
+//! exited, the launcher removes any shared-memory ring file of the job that a rank killed
+//! during its setup left behind.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use gradwire_transport::shm::{self, ShmConfig};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -42,6 +52,10 @@ pub fn run(args: &LaunchArgs) -> Result<i32> {
     };
     let ranks = spawn(&spec, !args.no_prefix)?;
     let outcome = ranks.wait()?;
+    if let Some(sig) = outcome.signal {
+        eprintln!("gradwire launch: stopped by signal {sig}, passed on to the ranks");
+        return Ok(128 + sig);
+    }
     if let Some((rank, status)) = outcome.failure {
         let code = exit_code(status);
         eprintln!(
@@ -67,18 +81,85 @@ pub struct RankSpec {
     pub args: Vec<String>,
 }
 
-/// Ranks started by [`spawn`]; dropping it kills those still running.
+/// How long ranks get to end after a SIGTERM before they are killed.
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// Ranks started by [`spawn`]; dropping it kills those still running (and removes the
+/// shared-memory files they left).
 pub struct Ranks {
     children: Vec<Option<Child>>,
     pumps: Vec<JoinHandle<()>>,
     /// Rank 0's standard output, when captured.
     pub captured: Option<JoinHandle<String>>,
+    /// The ranks' shared-memory settings, whose files are removed once they have exited.
+    rings: Option<ShmConfig>,
+    /// The signal passed on to the ranks, and when (they get [`GRACE`]).
+    forwarded: Option<(i32, Instant)>,
+    /// Counted among the live sets of ranks (see [`Signals`]).
+    _live: Live,
 }
 
 /// How a set of ranks ended.
 pub struct Outcome {
     /// The first rank that failed and how, if any.
     pub failure: Option<(usize, ExitStatus)>,
+    /// The SIGTERM or SIGINT the launcher got and passed on to the ranks, if any.
+    pub signal: Option<i32>,
+}
+
+/// SIGTERM and SIGINT while ranks run: noted, for the wait loops to pass on to the ranks;
+/// while none run, they end this process as by default.
+struct Signals {
+    /// The last signal noted (0: none).
+    pending: Arc<AtomicUsize>,
+    /// Whether no set of ranks runs (then a signal ends the process).
+    idle: Arc<AtomicBool>,
+    /// Sets of ranks alive.
+    live: Mutex<usize>,
+}
+
+/// The handlers, installed on the first spawn.
+fn signals() -> &'static Signals {
+    static SIGNALS: OnceLock<Signals> = OnceLock::new();
+    SIGNALS.get_or_init(|| {
+        let s = Signals {
+            pending: Arc::new(AtomicUsize::new(0)),
+            idle: Arc::new(AtomicBool::new(true)),
+            live: Mutex::new(0),
+        };
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            // Note it, then end the process if no ranks run (actions run in this order).
+            let noted =
+                signal_hook::flag::register_usize(sig, Arc::clone(&s.pending), sig as usize);
+            let idle = signal_hook::flag::register_conditional_default(sig, Arc::clone(&s.idle));
+            if let Err(e) = noted.and(idle) {
+                tracing::warn!("cannot pass signal {sig} on to the ranks: {e}");
+            }
+        }
+        s
+    })
+}
+
+/// One live set of ranks, while it lives.
+struct Live;
+
+impl Live {
+    fn new() -> Live {
+        let s = signals();
+        let mut n = s.live.lock().unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        s.idle.store(false, Ordering::SeqCst);
+        Live
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let s = signals();
+        let mut n = s.live.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        s.idle.store(*n == 0, Ordering::SeqCst);
+    }
 }
 
 /// What happens to the ranks' output.
@@ -156,10 +237,31 @@ fn spawn_inner(spec: &RankSpec, output: Output) -> Result<Ranks> {
         None => free_loopback_port()?,
     };
     let token = format!("{:032x}", rand::random::<u128>());
+    let job_id = format!("{:032x}", rand::random::<u128>());
+    // The ranks' shared-memory settings, as rank 0 will read them from its environment.
+    let ours = [
+        ("GRADWIRE_RANK", "0".to_string()),
+        ("GRADWIRE_WORLD_SIZE", spec.np.to_string()),
+        ("GRADWIRE_MASTER_ADDR", master.ip().to_string()),
+        ("GRADWIRE_MASTER_PORT", master.port().to_string()),
+        ("GRADWIRE_TOKEN", token.clone()),
+        ("GRADWIRE_JOB_ID", job_id.clone()),
+    ];
+    let rings = shm::config_from(|k| match ours.iter().find(|(name, _)| *name == k) {
+        Some((_, v)) => Some(v.clone()),
+        None => std::env::var(k).ok(),
+    })
+    .unwrap_or_else(|e| {
+        tracing::debug!("no shared-memory settings for the ranks: {e}");
+        None
+    });
     let mut ranks = Ranks {
         children: Vec::new(),
         pumps: Vec::new(),
         captured: None,
+        rings,
+        forwarded: None,
+        _live: Live::new(),
     };
     for rank in 0..spec.np {
         let mut cmd = Command::new(&spec.program);
@@ -171,6 +273,7 @@ fn spawn_inner(spec: &RankSpec, output: Output) -> Result<Ranks> {
             .env("GRADWIRE_MASTER_ADDR", master.ip().to_string())
             .env("GRADWIRE_MASTER_PORT", master.port().to_string())
             .env("GRADWIRE_TOKEN", &token)
+            .env("GRADWIRE_JOB_ID", &job_id)
             .stdin(Stdio::null());
         if let Some(t) = spec.timeout {
             cmd.env("GRADWIRE_TIMEOUT", t.to_string());
@@ -209,11 +312,14 @@ fn spawn_inner(spec: &RankSpec, output: Output) -> Result<Ranks> {
 
 impl Ranks {
     /// Waits for every rank; on the first failure stops the others (SIGTERM, then SIGKILL
-    /// after a grace period) and reports that rank.
+    /// after a grace period) and reports that rank. A SIGTERM or SIGINT to this process is
+    /// passed on to the ranks (see the module doc). Then removes the job's leftover
+    /// shared-memory files.
     pub fn wait(mut self) -> Result<Outcome> {
         let mut failure = None;
         let mut running = self.children.len();
         while running > 0 {
+            self.pass_on_signals();
             for rank in 0..self.children.len() {
                 let Some(child) = self.children[rank].as_mut() else {
                     continue;
@@ -234,18 +340,20 @@ impl Ranks {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        for p in self.pumps.drain(..) {
-            let _ = p.join();
-        }
-        Ok(Outcome { failure })
+        self.finish();
+        Ok(Outcome {
+            failure,
+            signal: self.forwarded.map(|(sig, _)| sig),
+        })
     }
 
     /// Waits for every rank without stopping the others when one fails (a parameter
     /// server's asynchronous workers train on without a lost one); returns each rank's exit
-    /// status, in rank order.
+    /// status, in rank order. Signals are passed on as by [`Ranks::wait`].
     pub fn wait_all(mut self) -> Result<Vec<ExitStatus>> {
         let mut done: Vec<Option<ExitStatus>> = vec![None; self.children.len()];
         while done.iter().any(Option::is_none) {
+            self.pass_on_signals();
             for (rank, slot) in self.children.iter_mut().enumerate() {
                 let Some(child) = slot.as_mut() else {
                     continue;
@@ -260,10 +368,56 @@ impl Ranks {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.finish();
+        Ok(done.into_iter().flatten().collect())
+    }
+
+    /// Passes a SIGTERM or SIGINT this process got on to every rank still running; SIGKILLs
+    /// them once [`GRACE`] has passed since, or at a second signal.
+    fn pass_on_signals(&mut self) {
+        let sig = signals().pending.swap(0, Ordering::SeqCst) as i32;
+        if sig != 0 {
+            let kill = self.forwarded.is_some();
+            for child in self.children.iter().flatten() {
+                signal_group(child, if kill { libc::SIGKILL } else { sig });
+            }
+            if !kill {
+                self.forwarded = Some((sig, Instant::now()));
+            }
+        }
+        if let Some((_, at)) = self.forwarded {
+            if at.elapsed() >= GRACE {
+                for child in self.children.iter().flatten() {
+                    signal_group(child, libc::SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// Once every rank has exited: joins the output pumps and removes the shared-memory
+    /// files the ranks left (a rank killed during its setup cannot remove its own).
+    fn finish(&mut self) {
         for p in self.pumps.drain(..) {
             let _ = p.join();
         }
-        Ok(done.into_iter().flatten().collect())
+        self.remove_rings();
+    }
+
+    /// Removes the job's shared-memory files, once no rank runs.
+    fn remove_rings(&mut self) {
+        if self.children.iter().any(Option::is_some) {
+            return;
+        }
+        if let Some(cfg) = self.rings.take() {
+            match shm::remove_files_of(&cfg) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    dir = %cfg.dir.display(),
+                    "removed {n} shared-memory file(s) the ranks left behind"
+                ),
+                Err(e) => tracing::debug!(dir = %cfg.dir.display(), "shared-memory files: {e}"),
+            }
+        }
     }
 
     /// Stops every rank still running.
@@ -271,7 +425,7 @@ impl Ranks {
         for child in self.children.iter().flatten() {
             signal_group(child, libc::SIGTERM);
         }
-        let grace = Instant::now() + Duration::from_secs(3);
+        let grace = Instant::now() + GRACE;
         for child in self.children.iter_mut() {
             if let Some(c) = child.as_mut() {
                 while Instant::now() < grace {
@@ -290,10 +444,14 @@ impl Ranks {
 
 impl Drop for Ranks {
     fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            signal_group(child, libc::SIGKILL);
-            let _ = child.wait();
+        for child in self.children.iter_mut() {
+            if let Some(c) = child.as_mut() {
+                signal_group(c, libc::SIGKILL);
+                let _ = c.wait();
+            }
+            *child = None;
         }
+        self.remove_rings();
     }
 }
 
