@@ -53,7 +53,6 @@ pub mod frame;
 mod handshake;
 mod refusals;
 mod rendezvous;
-pub mod service;
 mod sys;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -171,7 +170,7 @@ impl Tcp {
     /// to it. Returns when the full mesh is up.
     pub fn connect(cfg: &TcpConfig) -> Result<Tcp> {
         if cfg.rank == 0 {
-            check_cfg(cfg)?;
+            refuse_no_token(cfg)?;
             let listener = TcpListener::bind(cfg.master).map_err(|e| Error::Rendezvous {
                 reason: format!("rank 0 cannot listen on {}: {e}", cfg.master),
             })?;
@@ -325,6 +324,15 @@ fn rendezvous(reason: String) -> Error {
     Error::Rendezvous { reason }
 }
 
+/// An empty token with a master address off loopback: refused unless `insecure`.
+fn refuse_no_token(cfg: &TcpConfig) -> Result<()> {
+    if cfg.token.is_empty() && !cfg.master.ip().is_loopback() && !cfg.insecure {
+        return Err(Error::NoToken { master: cfg.master });
+    }
+    Ok(())
+}
+
+/// Checks a config before the rendezvous; an empty token (allowed) is one warning line.
 fn check_cfg(cfg: &TcpConfig) -> Result<()> {
     if cfg.world_size == 0 || cfg.rank >= cfg.world_size {
         return Err(Error::InvalidRank {
@@ -342,10 +350,8 @@ fn check_cfg(cfg: &TcpConfig) -> Result<()> {
             frame::MAX_FRAME_LIMIT
         )));
     }
+    refuse_no_token(cfg)?;
     if cfg.token.is_empty() {
-        if !cfg.master.ip().is_loopback() && !cfg.insecure {
-            return Err(Error::NoToken { master: cfg.master });
-        }
         let reach = if cfg.master.ip().is_loopback() {
             "any local user"
         } else {

@@ -440,16 +440,30 @@ fn an_unset_token_off_loopback_is_refused_with_a_clear_message() {
             assert!(msg.contains(needle), "{needle} missing from: {msg}");
         }
     }
-    // On loopback: one warning line, and on.
-    let log = Capture::default();
-    let near = TcpConfig::new(1, 2, "127.0.0.1:29500".parse().unwrap(), "");
-    tracing::subscriber::with_default(log.clone(), || check_cfg(&near)).unwrap();
-    assert_eq!(
-        log.count("GRADWIRE_TOKEN is not set"),
-        1,
-        "{:?}",
-        log.lines()
-    );
+    // On loopback: one warning line on each rank (rank 0 too), and the job runs.
+    // Rank 0 through `Tcp::connect`, as a launched rank joins: a port just free.
+    let master = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let log1 = Capture::default();
+    let l1 = log1.clone();
+    let one = std::thread::spawn(move || {
+        let cfg = TcpConfig::new(1, 2, master, "");
+        tracing::subscriber::with_default(l1, || Tcp::connect(&cfg))
+    });
+    let log0 = Capture::default();
+    let cfg0 = TcpConfig::new(0, 2, master, "");
+    tracing::subscriber::with_default(log0.clone(), || Tcp::connect(&cfg0)).unwrap();
+    one.join().unwrap().unwrap();
+    for (rank, log) in [(0, log0), (1, log1)] {
+        assert_eq!(
+            log.count("GRADWIRE_TOKEN is not set"),
+            1,
+            "rank {rank}: {:?}",
+            log.lines()
+        );
+    }
     // Off loopback, told it is fine.
     let (cfg, _) = crate::env::tcp_config_from(env(&[
         ("RANK", "1"),
