@@ -53,6 +53,7 @@ pub mod frame;
 mod handshake;
 mod refusals;
 mod rendezvous;
+pub mod service;
 mod sys;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
