@@ -15,6 +15,9 @@
 //!   Adam; never code on the wire), exactly-once pushes by (worker, incarnation, seq) with a
 //!   bounded window, fencing of old incarnations, heartbeats, deadlines on every wait,
 //!   atomic checkpoints with optimizer state and an optional fsynced write-ahead log.
+//! - [`auth`]: every connection proves the shared token with the TCP transport's mutual
+//!   challenge-response before any PS frame and is bound to one worker id and a [`Role`];
+//!   a stranger gets no answer at all. Every shard holds each request to its [`Limits`].
 //! - [`wire`]: the protocol, documented byte by byte, with a total decoder.
 //! - [`fault`]: a seeded proxy that drops, duplicates, reorders, delays, corrupts and
 //!   partitions frames, and a guard for real shard processes (`gradwire-ps-server`).
@@ -24,12 +27,14 @@
 //! # Transport choice
 //! The rank-mesh `gradwire_transport::Transport` (recv from a named peer) does not fit a
 //! server that answers whoever calls, so the PS speaks its own framed protocol over
-//! `std::net` TCP: one thread per connection on the server, one connection per shard on each
+//! `std::net` TCP: handshakes driven together by one accept thread, then one thread per
+//! authenticated connection (up to a cap) on the server, one connection per shard on each
 //! worker (plus one for heartbeats), deadlines through socket timeouts. Unit tests use the
 //! sans-IO [`Shard`] directly.
 //!
 //! # Not built: chain replication
-//! Durability today is a checkpoint plus an optional fsynced WAL per shard: a restarted
+//! Durability today is a checkpoint plus an optional fsynced WAL per shard ([`durability`]):
+//! a restarted
 //! shard loses nothing acknowledged, but its chunks are unavailable until it is back.
 //! Chain replication with failover (van Renesse & Schneider 2004, as ps-lite's successors
 //! sketched) would need:
