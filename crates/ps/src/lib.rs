@@ -34,8 +34,8 @@
 //!
 //! # Not built: chain replication
 //! Durability today is a checkpoint plus an optional fsynced WAL per shard ([`durability`]):
-//! a restarted
-//! shard loses nothing acknowledged, but its chunks are unavailable until it is back.
+//! a restarted shard loses nothing acknowledged, but its chunks are unavailable until it is
+//! back.
 //! Chain replication with failover (van Renesse & Schneider 2004, as ps-lite's successors
 //! sketched) would need:
 //! - a chain of `r` replicas per chunk (head, middle, tail) from [`Placement`] (the next
