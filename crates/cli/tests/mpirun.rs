@@ -311,7 +311,10 @@ fn readme_mpirun_and_srun_lines_run_as_written() {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .chain([
         ("GRADWIRE_DATA".to_string(), data.display().to_string()),
-        ("RUST_LOG".to_string(), "gradwire_run::join=info".to_string()),
+        (
+            "RUST_LOG".to_string(),
+            "gradwire_run::join=info".to_string(),
+        ),
         ("NO_COLOR".to_string(), "1".to_string()),
         ("GRADWIRE_TIMEOUT".to_string(), "120".to_string()),
     ])

@@ -198,7 +198,14 @@ mod tests {
             }
         });
         let mut s = TcpStream::connect(addr).unwrap();
-        let e = connect(&mut s, b"secret", Identity { id: 5, role: 0 }, 7, deadline()).unwrap_err();
+        let e = connect(
+            &mut s,
+            b"secret",
+            Identity { id: 5, role: 0 },
+            7,
+            deadline(),
+        )
+        .unwrap_err();
         assert!(matches!(e, ServiceAuthError::Closed), "{e:?}");
         assert_eq!(h.join().unwrap(), None);
     }
