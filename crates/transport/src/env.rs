@@ -7,7 +7,10 @@
 //! | world size | `GRADWIRE_WORLD_SIZE` | `WORLD_SIZE` | `OMPI_COMM_WORLD_SIZE` | `SLURM_NTASKS` | `PMI_SIZE` |
 //! | master | `GRADWIRE_MASTER_ADDR`, `GRADWIRE_MASTER_PORT` | `MASTER_ADDR`, `MASTER_PORT` | | | |
 //!
-//! The first source that names a rank wins. The master defaults to `127.0.0.1:29500`;
+//! The first source that names a rank wins. The master defaults to `127.0.0.1:29500`; under
+//! torchrun, whose agent serves its own store on `MASTER_PORT` for the whole run
+//! (`TORCHELASTIC_USE_AGENT_STORE=True`), the rendezvous takes `MASTER_PORT + 1` unless
+//! `GRADWIRE_MASTER_PORT` is set. [`local_rank_from`] reads the local rank the same way;
 //! `GRADWIRE_TOKEN` is the shared secret (empty if unset: refused unless the master is
 //! loopback or `GRADWIRE_INSECURE=1`), `GRADWIRE_JOB_ID` the job's identity (`gradwire
 //! launch` sets a random one; without it the launcher's own job id, [`job_id_from`], is
@@ -82,11 +85,22 @@ pub fn tcp_config_from(
     let host = get("GRADWIRE_MASTER_ADDR")
         .or_else(|| get("MASTER_ADDR"))
         .unwrap_or_else(|| "127.0.0.1".into());
-    let port = match get("GRADWIRE_MASTER_PORT").or_else(|| get("MASTER_PORT")) {
-        None => DEFAULT_MASTER_PORT,
-        Some(p) => p.trim().parse().map_err(|_| Error::Env {
-            reason: format!("master port {p} is not a port number"),
-        })?,
+    let port = match get("GRADWIRE_MASTER_PORT") {
+        Some(p) => parse_port(&p)?,
+        None => match get("MASTER_PORT") {
+            None => DEFAULT_MASTER_PORT,
+            // torchrun's agent serves its own store on MASTER_PORT for the whole run: the
+            // rendezvous takes the next port (GRADWIRE_MASTER_PORT chooses another).
+            Some(p) if launcher == Launcher::Torchrun && agent_store(&get) => {
+                parse_port(&p)?.checked_add(1).ok_or_else(|| Error::Env {
+                    reason: format!(
+                        "MASTER_PORT={p} is torchrun's store and leaves no port after it for \
+                         the rendezvous: set GRADWIRE_MASTER_PORT"
+                    ),
+                })?
+            }
+            Some(p) => parse_port(&p)?,
+        },
     };
     let timeout = match get("GRADWIRE_TIMEOUT") {
         None => DEFAULT_TIMEOUT,
@@ -185,6 +199,34 @@ fn lookup_within(
             reason: format!("resolving master address {host} took longer than {timeout:?}"),
         }),
     }
+}
+
+fn parse_port(p: &str) -> Result<u16> {
+    p.trim().parse().map_err(|_| Error::Env {
+        reason: format!("master port {p} is not a port number"),
+    })
+}
+
+/// Whether torchrun's agent hosts the job's store on `MASTER_PORT` (torchrun sets
+/// `TORCHELASTIC_USE_AGENT_STORE=True`; it does since PyTorch 2.0).
+fn agent_store(get: &impl Fn(&str) -> Option<String>) -> bool {
+    get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// This process's position among the job's ranks on its host, as the launcher tells it:
+/// `GRADWIRE_LOCAL_RANK` (`gradwire launch`), `LOCAL_RANK` (torchrun),
+/// `OMPI_COMM_WORLD_LOCAL_RANK` (Open MPI), `SLURM_LOCALID` (Slurm), `MPI_LOCALRANKID`
+/// (MPICH). `None` when none is set or a value is not a non-negative integer.
+pub fn local_rank_from(get: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    [
+        "GRADWIRE_LOCAL_RANK",
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+        "MPI_LOCALRANKID",
+    ]
+    .iter()
+    .find_map(|k| get(k)?.trim().parse().ok())
 }
 
 /// How many ranks of the job run on this host, as the launcher tells it:
@@ -417,6 +459,64 @@ mod tests {
         assert_eq!(get(&[("MPI_LOCALNRANKS", "2")]), Some(2));
         assert_eq!(get(&[("LOCAL_WORLD_SIZE", "0")]), None);
         assert_eq!(get(&[]), None);
+    }
+
+    #[test]
+    fn local_rank_from_each_launcher() {
+        let get = |vars: &[(&str, &str)]| {
+            let m: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            local_rank_from(|k| m.get(k).cloned())
+        };
+        assert_eq!(
+            get(&[("GRADWIRE_LOCAL_RANK", "3"), ("LOCAL_RANK", "1")]),
+            Some(3)
+        );
+        assert_eq!(get(&[("LOCAL_RANK", "1")]), Some(1));
+        assert_eq!(get(&[("OMPI_COMM_WORLD_LOCAL_RANK", "2")]), Some(2));
+        assert_eq!(get(&[("SLURM_LOCALID", "0")]), Some(0));
+        assert_eq!(get(&[("MPI_LOCALRANKID", "5")]), Some(5));
+        assert_eq!(get(&[("LOCAL_RANK", "x")]), None);
+        assert_eq!(get(&[]), None);
+    }
+
+    #[test]
+    fn torchrun_agent_store_keeps_master_port() {
+        let base = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29400")];
+        let port = |extra: &[(&str, &str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            cfg(&v).unwrap().unwrap().0.master.port()
+        };
+        // The agent serves its store on MASTER_PORT: the rendezvous takes the next one.
+        assert_eq!(port(&[("TORCHELASTIC_USE_AGENT_STORE", "True")]), 29401);
+        // Without the agent's store, MASTER_PORT is free for the rendezvous.
+        assert_eq!(port(&[]), 29400);
+        // GRADWIRE_MASTER_PORT always wins.
+        assert_eq!(
+            port(&[
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                ("GRADWIRE_MASTER_PORT", "30000")
+            ]),
+            30000
+        );
+        // Only torchrun's variables mean torchrun's agent.
+        let v = [
+            ("GRADWIRE_RANK", "0"),
+            ("GRADWIRE_WORLD_SIZE", "2"),
+            ("MASTER_PORT", "29400"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ];
+        assert_eq!(cfg(&v).unwrap().unwrap().0.master.port(), 29400);
+        let top = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", "65535"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ];
+        assert!(cfg(&top).is_err());
     }
 
     #[test]

@@ -1,0 +1,445 @@
+//! `Runtime`: this process's rank of the job and its one engine.
+//!
+//! `Runtime(transport)` joins the job the launcher started (gradwire launch, torchrun,
+//! mpirun, srun: `gradwire_run::join`, as the CLI), or makes a world of one rank when no
+//! launcher started the process. `start` (re)starts the engine with the tensors to register
+//! (their codecs, strategies and momentum correction come from the same `EngineConfig` the
+//! CLI builds); a restart first shuts the running engine down on every rank (each rank must
+//! call it at the same point) and takes its transport back. Collectives on names that are not
+//! registered run dense and exact.
+
+use std::sync::{Arc, Mutex};
+
+use gradwire_engine::{Engine, EngineConfig, MomentumConfig, Phase, Rule, Strategy, TensorSpec};
+use gradwire_run::join::{self, TransportKind};
+use gradwire_transport::Transport;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::buffer;
+use crate::error::{raise, raise_in, GradwireError};
+use crate::handle::Handle;
+
+/// Microseconds since the Unix epoch, the timeline's clock.
+#[pyfunction]
+pub fn now_us() -> u64 {
+    gradwire_engine::now_us()
+}
+
+/// Logs gradwire's `tracing` events to stderr, filtered by `RUST_LOG` (default: warnings).
+/// Called once by the package on import; later calls do nothing.
+#[pyfunction]
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+enum State {
+    /// Joined, no engine running: the transport waits for `start`.
+    Idle(Box<dyn Transport>),
+    /// The engine owns the transport.
+    Running(Arc<Engine>),
+    /// Shut down (or a start failed and took the transport with it).
+    Closed(String),
+}
+
+/// This process's rank of the job: its transport, then its engine.
+#[pyclass(module = "gradwire._gradwire", frozen)]
+pub struct Runtime {
+    rank: usize,
+    world: usize,
+    local_rank: usize,
+    local_size: usize,
+    transport: String,
+    state: Mutex<State>,
+}
+
+impl Runtime {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The running engine, started with no registered tensors if none runs yet.
+    fn engine(&self, py: Python<'_>) -> PyResult<Arc<Engine>> {
+        if let State::Running(e) = &*self.lock() {
+            return Ok(e.clone());
+        }
+        self.start_engine(py, EngineConfig::default(), Vec::new())?;
+        match &*self.lock() {
+            State::Running(e) => Ok(e.clone()),
+            _ => Err(GradwireError::new_err("the engine did not start")),
+        }
+    }
+
+    /// Shuts down a running engine (collective) and returns its transport.
+    fn take_transport(&self, py: Python<'_>) -> PyResult<Box<dyn Transport>> {
+        let state = std::mem::replace(&mut *self.lock(), State::Closed("restarting".into()));
+        match state {
+            State::Idle(t) => Ok(t),
+            State::Closed(why) => Err(GradwireError::new_err(format!(
+                "gradwire is shut down ({why}): call init() again in a new process"
+            ))),
+            State::Running(mut e) => {
+                // Submitters hold clones only for the length of a call.
+                let engine = loop {
+                    match Arc::try_unwrap(e) {
+                        Ok(engine) => break engine,
+                        Err(back) => {
+                            e = back;
+                            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+                        }
+                    }
+                };
+                match py.detach(move || engine.shutdown()) {
+                    Ok(t) => Ok(t),
+                    Err(err) => {
+                        *self.lock() = State::Closed(err.to_string());
+                        Err(raise_in("shutting the engine down", &err))
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_engine(
+        &self,
+        py: Python<'_>,
+        config: EngineConfig,
+        tensors: Vec<TensorSpec>,
+    ) -> PyResult<()> {
+        // Refused before anything stops: a bad config leaves the running engine as it is.
+        config.plan(&tensors).map_err(|e| raise(&e))?;
+        let t = self.take_transport(py)?;
+        match py.detach(move || Engine::start(t, config, &tensors)) {
+            Ok(e) => {
+                *self.lock() = State::Running(Arc::new(e));
+                Ok(())
+            }
+            Err(err) => {
+                *self.lock() = State::Closed(err.to_string());
+                Err(raise_in(
+                    &format!("rank {}: starting the engine", self.rank),
+                    &err,
+                ))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Runtime {
+    /// Joins the job over `transport` (`auto`, `tcp`, `shm`, `mpi`; `auto`: mpi under an MPI
+    /// launcher when built with it, else tcp). Without a launcher, a world of one rank.
+    #[new]
+    #[pyo3(signature = (transport = "auto"))]
+    fn new(py: Python<'_>, transport: &str) -> PyResult<Self> {
+        let kind: TransportKind = transport.parse().map_err(|e| raise(&e))?;
+        let launched = join::detect().map_err(|e| raise(&e))?;
+        let get = |k: &str| std::env::var(k).ok();
+        let (t, local_size): (Box<dyn Transport>, usize) = match &launched {
+            Some(l) => {
+                let l = l.clone();
+                let size = l.local_size;
+                let t = py
+                    .detach(move || join::join_with(kind, &l))
+                    .map_err(|e| raise(&e))?;
+                (t, size)
+            }
+            None if kind.resolve() == TransportKind::Mpi => {
+                let t = py
+                    .detach(move || join::join_from_env(kind))
+                    .map_err(|e| raise(&e))?;
+                let size = gradwire_transport::env::local_size_from(get).unwrap_or(t.world_size());
+                (t, size)
+            }
+            None => {
+                let t = gradwire_transport::local::Local::world(1)
+                    .pop()
+                    .ok_or_else(|| GradwireError::new_err("no local rank"))?;
+                (Box::new(t), 1)
+            }
+        };
+        let (rank, world) = (t.rank(), t.world_size());
+        let local_rank = gradwire_transport::env::local_rank_from(get)
+            .filter(|&r| r < local_size)
+            .unwrap_or(rank % local_size.max(1));
+        Ok(Runtime {
+            rank,
+            world,
+            local_rank,
+            local_size,
+            transport: if launched.is_some() || world > 1 {
+                kind.resolve().name().to_string()
+            } else {
+                "local".to_string()
+            },
+            state: Mutex::new(State::Idle(t)),
+        })
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    #[getter]
+    fn size(&self) -> usize {
+        self.world
+    }
+
+    /// This rank's position among the job's ranks on its host.
+    #[getter]
+    fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Ranks of the job on this host.
+    #[getter]
+    fn local_size(&self) -> usize {
+        self.local_size
+    }
+
+    /// The transport joining the ranks (`tcp`, `shm`, `mpi`; `local` for a world of one).
+    #[getter]
+    fn transport(&self) -> &str {
+        &self.transport
+    }
+
+    /// (Re)starts the engine with `tensors` (`(name, shape)` pairs, the order every rank
+    /// registers) under `codec` (a gradwire codec spec), per-tensor `rules`
+    /// (`SELECTOR=>CODEC[@STRATEGY]`, first match wins), `sync` (strategy: auto, dense,
+    /// sparse, gather, quantized, stripe, powersgd), momentum correction `(beta, nesterov)`,
+    /// the codecs' `seed`, `timeline` spans on or off, `fusion_bytes` and the negotiation
+    /// `cycle_ms`. Collective: every rank calls it at the same point.
+    #[pyo3(signature = (tensors, codec = "none", rules = Vec::new(), sync = "auto",
+        momentum = None, seed = 42, timeline = false, fusion_bytes = None, cycle_ms = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<(String, Vec<usize>)>,
+        codec: &str,
+        rules: Vec<String>,
+        sync: &str,
+        momentum: Option<(f64, bool)>,
+        seed: u64,
+        timeline: bool,
+        fusion_bytes: Option<usize>,
+        cycle_ms: Option<f64>,
+    ) -> PyResult<()> {
+        let bad =
+            |what: &str, e: &dyn std::fmt::Display| PyValueError::new_err(format!("{what}: {e}"));
+        let mut config = EngineConfig {
+            codec: codec
+                .parse()
+                .map_err(|e| bad(&format!("codec {codec:?}"), &e))?,
+            strategy: sync
+                .parse::<Strategy>()
+                .map_err(|e| bad(&format!("sync {sync:?}"), &e))?,
+            rules: rules
+                .iter()
+                .map(|r| {
+                    r.parse::<Rule>()
+                        .map_err(|e| bad(&format!("rule {r:?}"), &e))
+                })
+                .collect::<PyResult<_>>()?,
+            momentum: momentum.map(|(beta, nesterov)| MomentumConfig {
+                beta: beta as f32,
+                nesterov,
+                masking: true,
+            }),
+            seed,
+            timeline,
+            ..EngineConfig::default()
+        };
+        if let Some(b) = fusion_bytes {
+            config.fusion_bytes = b;
+        }
+        if let Some(ms) = cycle_ms {
+            if !(ms.is_finite() && ms > 0.0) {
+                return Err(PyValueError::new_err(format!(
+                    "cycle_ms={ms}: expected a positive number of milliseconds"
+                )));
+            }
+            config.cycle_time = std::time::Duration::from_secs_f64(ms / 1e3);
+        }
+        let specs = tensors
+            .into_iter()
+            .map(|(name, shape)| TensorSpec::new(name, shape))
+            .collect();
+        self.start_engine(py, config, specs)
+    }
+
+    /// `name -> "codec@strategy"` of every registered tensor, in registration order.
+    fn policies(&self) -> Vec<(String, String)> {
+        match &*self.lock() {
+            State::Running(e) => e
+                .policies()
+                .iter()
+                .map(|p| (p.tensor.name.clone(), format!("{}@{}", p.codec, p.strategy)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Submits the mean over ranks of the `numel` floats at `addr`, each multiplied by
+    /// `prescale` first, under `name`'s policy; returns at once.
+    #[pyo3(signature = (name, addr, numel, prescale = 1.0))]
+    fn allreduce(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: usize,
+        numel: usize,
+        prescale: f32,
+    ) -> PyResult<Handle> {
+        let engine = self.engine(py)?;
+        // SAFETY: the Python side passes a live contiguous float32 buffer of `numel`.
+        let data = unsafe { buffer::read(addr, numel, prescale)? };
+        Ok(Handle::new(engine.all_reduce(name, data)))
+    }
+
+    /// Submits the concatenation in rank order of every rank's `numel` floats at `addr`.
+    fn allgather(&self, py: Python<'_>, name: &str, addr: usize, numel: usize) -> PyResult<Handle> {
+        let engine = self.engine(py)?;
+        // SAFETY: as in `allreduce`.
+        let data = unsafe { buffer::read(addr, numel, 1.0)? };
+        Ok(Handle::new(engine.all_gather(name, data)))
+    }
+
+    /// Submits rank `root`'s `numel` floats (every rank passes a buffer of that length).
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: usize,
+        numel: usize,
+        root: usize,
+    ) -> PyResult<Handle> {
+        if root >= self.world {
+            return Err(PyValueError::new_err(format!(
+                "root rank {root} is out of range for {} ranks",
+                self.world
+            )));
+        }
+        let engine = self.engine(py)?;
+        // SAFETY: as in `allreduce`.
+        let data = unsafe { buffer::read(addr, numel, 1.0)? };
+        Ok(Handle::new(engine.broadcast(name, data, root)))
+    }
+
+    /// A barrier named `name`: completes once every rank called it.
+    fn barrier(&self, py: Python<'_>, name: &str) -> PyResult<Handle> {
+        Ok(Handle::new(self.engine(py)?.barrier(name)))
+    }
+
+    /// Says the burst of submissions is complete (backward is done): its round starts now.
+    fn flush(&self) {
+        if let State::Running(e) = &*self.lock() {
+            e.flush();
+        }
+    }
+
+    /// Where training is (DGC's warm-up, the codecs' RNG streams, bytes per step).
+    fn set_progress(&self, step: u64, epoch: f32) {
+        if let State::Running(e) = &*self.lock() {
+            e.set_progress(step, epoch);
+        }
+    }
+
+    /// Records a span of the caller's (`forward`, `backward`, `update`) on the timeline.
+    fn record_span(&self, name: &str, phase: &str, start_us: u64, end_us: u64) -> PyResult<()> {
+        let phase = match phase {
+            "forward" => Phase::Forward,
+            "backward" => Phase::Backward,
+            "update" => Phase::Update,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "phase {other:?}: expected forward, backward or update"
+                )))
+            }
+        };
+        if let State::Running(e) = &*self.lock() {
+            e.record_span(name, phase, start_us, end_us);
+        }
+        Ok(())
+    }
+
+    /// The timeline's spans so far: `(tensor, PHASE, start_us, end_us)`.
+    fn spans(&self) -> Vec<(String, &'static str, u64, u64)> {
+        match &*self.lock() {
+            State::Running(e) => e
+                .timeline()
+                .into_iter()
+                .map(|s| (s.tensor, s.phase.as_str(), s.start_us, s.end_us))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Writes this rank's timeline (Chrome trace JSON) to `path`.
+    fn write_timeline(&self, path: std::path::PathBuf) -> PyResult<()> {
+        match &*self.lock() {
+            State::Running(e) => e
+                .write_timeline(&path)
+                .map_err(|err| raise_in(&format!("writing {}", path.display()), &err)),
+            _ => Err(GradwireError::new_err("no engine is running")),
+        }
+    }
+
+    /// Merges the per-rank timelines `inputs` into one Chrome trace at `out`.
+    #[staticmethod]
+    fn merge_timelines(inputs: Vec<std::path::PathBuf>, out: std::path::PathBuf) -> PyResult<()> {
+        let refs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
+        gradwire_engine::merge_traces(&refs, &out)
+            .map_err(|e| raise_in(&format!("merging into {}", out.display()), &e))
+    }
+
+    /// This rank's byte counters: `raw_bytes`, `wire_bytes` (all-reduce), `negotiation_bytes`,
+    /// `other_bytes` (gather, broadcast) and `sent_bytes` (their sum, what left this rank).
+    fn bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let b = match &*self.lock() {
+            State::Running(e) => e.bytes(),
+            _ => Default::default(),
+        };
+        let d = PyDict::new(py);
+        d.set_item("raw_bytes", b.raw_bytes)?;
+        d.set_item("wire_bytes", b.wire_bytes)?;
+        d.set_item("negotiation_bytes", b.negotiation_bytes)?;
+        d.set_item("other_bytes", b.other_bytes)?;
+        d.set_item(
+            "sent_bytes",
+            b.wire_bytes + b.negotiation_bytes + b.other_bytes,
+        )?;
+        Ok(d)
+    }
+
+    /// Shuts the engine down (collective: waits for every rank) and closes the transport.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let idle = matches!(&*self.lock(), State::Idle(_));
+        let closed = matches!(&*self.lock(), State::Closed(_));
+        if closed {
+            return Ok(());
+        }
+        let r = if idle {
+            Ok(())
+        } else {
+            self.take_transport(py).map(drop)
+        };
+        *self.lock() = State::Closed("shutdown() was called".into());
+        r
+    }
+
+    /// Whether `shutdown` ran (or a failure closed the runtime).
+    #[getter]
+    fn closed(&self) -> bool {
+        matches!(&*self.lock(), State::Closed(_))
+    }
+}
