@@ -81,7 +81,7 @@ def ddp(out, hook="default", codec="none", steps=STEPS):
     dist.destroy_process_group()
 
 
-def gw_optimizer(out, codec="none"):
+def gw_optimizer(out, codec="none", steps=STEPS):
     import gradwire.torch as gw
 
     gw.init()
@@ -93,7 +93,7 @@ def gw_optimizer(out, codec="none"):
                                   steps_per_epoch=10)
     gw.broadcast_optimizer_state(opt, root_rank=0)
     losses = []
-    for step in range(STEPS):
+    for step in range(int(steps)):
         x, y = batch(rank, step)
         opt.zero_grad()
         loss = F.cross_entropy(m(x), y)
