@@ -126,6 +126,50 @@ pub enum Error {
     /// The engine has shut down (or its progress thread is gone).
     #[error("the engine has shut down")]
     ShutDown,
+    /// [`Engine::save_state`](crate::Engine::save_state) or
+    /// [`Engine::load_state`](crate::Engine::load_state) was called while operations were
+    /// submitted and not yet run: a state is taken or restored between steps only (wait on
+    /// every handle first).
+    #[error(
+        "the engine's state is saved and loaded between steps only: {} operation(s) pending \
+         ({})",
+        .tensors.len(),
+        .tensors.join(", ")
+    )]
+    StatePending {
+        /// The tensors submitted and not yet run on this rank.
+        tensors: Vec<String>,
+    },
+    /// A saved [`EngineState`](crate::EngineState) does not fit this engine (another rank,
+    /// world size or seed; another tensor list, policy or shape); nothing was loaded.
+    #[error(
+        "saved state does not fit this engine: {}{field} is {saved} in the state, {here} here",
+        .tensor.as_ref().map(|t| format!("tensor '{t}': ")).unwrap_or_default()
+    )]
+    StateMismatch {
+        /// The tensor concerned (`None` for the engine's own fields).
+        tensor: Option<String>,
+        /// What differs: `rank`, `world size`, `seed`, `tensor` (a name at a position,
+        /// or a tensor missing or extra), `policy`, `shape` or `velocity`.
+        field: &'static str,
+        /// The state's value.
+        saved: String,
+        /// This engine's value.
+        here: String,
+    },
+    /// A tensor's saved codec or all-reduce state was refused by its codec or all-reduce
+    /// (damaged, or saved by another configuration); nothing was loaded.
+    #[error("tensor '{tensor}': saved state refused: {source}")]
+    StateRefused {
+        /// The tensor.
+        tensor: String,
+        /// Why its codec or all-reduce refused the state.
+        source: gradwire_codec::DecodeError,
+    },
+    /// Bytes that are not a saved engine state
+    /// ([`EngineState::from_bytes`](crate::EngineState::from_bytes)).
+    #[error("engine state: {0}")]
+    StateFormat(#[from] crate::StateFormatError),
     /// Writing or reading a timeline file failed.
     #[error("timeline file {path}: {reason}")]
     Timeline {

@@ -31,6 +31,11 @@
 //!   progress thread.
 //! - The timeline (Chrome trace per rank, [`merge_traces`]), straggler analysis and byte
 //!   accounting ([`EngineStats`]) measure it all.
+//! - Between steps, [`Engine::save_state`] takes everything a rank carries from one step to
+//!   the next (codec and strategy states, momentum velocities, progress) as an
+//!   [`EngineState`] with a versioned, checksummed binary form ([`state`]), and
+//!   [`Engine::load_state`] restores it into a fresh engine: a training that stops resumes
+//!   bit for bit.
 //!
 //! ```
 //! use gradwire_engine::{Engine, EngineConfig, TensorSpec};
@@ -64,6 +69,7 @@ mod handle;
 mod hosts;
 mod pending;
 mod rd_gather;
+pub mod state;
 mod stats;
 pub mod timeline;
 mod wire;
@@ -98,6 +104,7 @@ pub use gradwire_codec as codec;
 pub use gradwire_codec::TensorRole;
 pub use gradwire_collective::CollectiveConfig;
 pub use handle::Handle;
+pub use state::{EngineState, SavedTensor, StateFormatError, STATE_MAGIC, STATE_VERSION};
 pub use stats::{
     ByteStats, EngineStats, StallReport, StepBytes, StragglerRecord, StragglerSummary,
 };
@@ -116,6 +123,24 @@ pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
     let _ = wire::decode_exchange(peer, buf, part_len);
     let count = buf.get(1).map_or(0, |&b| usize::from(b % 9));
     let _ = wire::decode_tree_exchange(peer, buf, 8, count, |r| r % 2 == 1, part_len);
+}
+
+/// Fuzzing entry: decodes `buf` as a saved engine state, whole (header and checksum) and as
+/// a body alone (past the checksum, which stops most mutated inputs); every input must give
+/// a value or a typed error, never a panic, and what decodes must encode back to the same
+/// bytes.
+#[doc(hidden)]
+pub fn fuzz_state(buf: &[u8]) {
+    if let Ok(s) = EngineState::from_bytes(buf) {
+        assert_eq!(
+            s.to_bytes(),
+            buf,
+            "a decoded state encodes back to its bytes"
+        );
+    }
+    if let Ok(s) = state::decode_body(buf) {
+        assert_eq!(state::encode_body(&s), buf, "a decoded body encodes back");
+    }
 }
 
 use worker::{lock, Queue, Shared, Submission, Worker};
@@ -468,6 +493,62 @@ impl Engine {
         lock(&self.shared.queue).progress = Progress { step, epoch };
     }
 
+    /// This rank's synchronization state, for a training that stops to resume bit for bit
+    /// ([`Engine::load_state`] on a fresh engine with the same registrations): per
+    /// registered tensor, in registration order, its codec's or strategy's state (residuals,
+    /// momenta, RNG positions, PowerSGD's `Q`s, the stripes' and the quantized ring's
+    /// codecs; a selection unit's codec with its first tensor) and its momentum-correction
+    /// velocity; and the progress last given to [`Engine::set_progress`]. See [`state`]
+    /// for the contents and the binary form ([`EngineState::to_bytes`]).
+    ///
+    /// Call it between steps, once every handle has completed: it waits for a round in
+    /// flight to end, then fails with [`Error::StatePending`] (naming the tensors) if
+    /// submissions are still queued or pending rather than return a state from the middle
+    /// of a step; with the error that stopped the engine if its progress thread has exited.
+    /// Each rank saves its own state (they differ: residuals are per rank).
+    pub fn save_state(&self) -> Result<EngineState> {
+        let g = lock(&self.shared.worker);
+        let q = lock(&self.shared.queue);
+        let Some(w) = g.as_ref() else {
+            return Err(q.fatal.clone().unwrap_or(Error::ShutDown));
+        };
+        let pending = pending_names(w, &q);
+        if !pending.is_empty() {
+            return Err(Error::StatePending { tensors: pending });
+        }
+        let progress = q.progress;
+        drop(q);
+        Ok(w.save_state(progress))
+    }
+
+    /// Restores a state [`Engine::save_state`] took on this rank of an engine with the same
+    /// world size, seed and registrations (names, shapes and policies, in the same order),
+    /// and sets the progress it holds (as [`Engine::set_progress`] does). Every rank loads
+    /// its own state, between steps, before submitting anything.
+    ///
+    /// Fails, changing nothing, with [`Error::StateMismatch`] (naming the tensor, or the
+    /// rank, world size or seed) for a state of another engine, [`Error::StateRefused`]
+    /// (naming the tensor) when a codec or all-reduce refuses its part, and
+    /// [`Error::StatePending`] when submissions are queued or pending; with the error that
+    /// stopped the engine if its progress thread has exited.
+    pub fn load_state(&self, state: &EngineState) -> Result<()> {
+        let mut g = lock(&self.shared.worker);
+        let mut q = lock(&self.shared.queue);
+        let Some(w) = g.as_mut() else {
+            return Err(q.fatal.clone().unwrap_or(Error::ShutDown));
+        };
+        let pending = pending_names(w, &q);
+        if !pending.is_empty() {
+            return Err(Error::StatePending { tensors: pending });
+        }
+        w.load_state(state)?;
+        q.progress = Progress {
+            step: state.step,
+            epoch: state.epoch,
+        };
+        Ok(())
+    }
+
     /// Records a span of the trainer's (UPDATE, FORWARD, BACKWARD, ...) on this rank's
     /// timeline (µs from [`now_us`]); ignored unless [`EngineConfig::timeline`] is on.
     pub fn record_span(&self, name: &str, phase: Phase, start_us: u64, end_us: u64) {
@@ -549,6 +630,14 @@ impl Drop for Engine {
             self.request_shutdown();
         }
     }
+}
+
+/// The operations submitted on this rank and not yet run: held by the worker (negotiated
+/// or waiting for the other ranks), then still queued.
+fn pending_names(w: &Worker, q: &Queue) -> Vec<String> {
+    let mut names = w.pending_names();
+    names.extend(q.subs.iter().map(|s| s.desc.name.clone()));
+    names
 }
 
 /// What a submission goes to: its descriptor, its name as its handle holds it (shared, not

@@ -71,6 +71,19 @@ impl Pending {
             .filter_map(|(id, s)| s.as_ref().map(|_| id))
     }
 
+    /// The names of the pending submissions: cached ones in id order, then the others by
+    /// name.
+    pub fn names(&self) -> Vec<String> {
+        let mut new: Vec<String> = self.new.keys().cloned().collect();
+        new.sort_unstable();
+        self.by_id
+            .iter()
+            .flatten()
+            .map(|s| s.desc.name.clone())
+            .chain(new)
+            .collect()
+    }
+
     /// The data of cached tensor `id`'s pending submission.
     pub fn data(&self, id: usize) -> Option<&[f32]> {
         Some(&self.by_id.get(id)?.as_ref()?.data)

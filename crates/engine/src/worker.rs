@@ -91,6 +91,8 @@ use crate::stats::{EngineStats, StallReport};
 use crate::timeline::{now_us, Phase, Span};
 use crate::wire::{Descriptor, Message, OpKind};
 
+mod snapshot;
+
 /// One submitted operation, waiting in the queue or pending negotiation.
 pub(crate) struct Submission {
     pub desc: Arc<Descriptor>,
@@ -267,6 +269,9 @@ pub(crate) struct Worker {
     group_subs: Vec<Submission>,
     /// Allocations of the speculative round's vectors of slices.
     spares: Spares,
+    /// The registered tensors' policies (their states are rebuilt from them when a saved
+    /// state is loaded, see [`snapshot`]).
+    policies: Vec<Policy>,
 }
 
 /// The selection units of `policies`: the tensors of each global-scope top-k policy (same
@@ -724,6 +729,7 @@ impl Worker {
             ready_buf: Vec::new(),
             group_subs: Vec::new(),
             spares: Spares::default(),
+            policies: policies.to_vec(),
         };
         w.exec.hosts = hosts;
         for (i, p) in policies.iter().enumerate() {

@@ -19,12 +19,19 @@
 //!   the bytes do not grow as `P × k` when the ranks' index sets overlap.
 //!
 //! Each all-reduce sums (or averages) and leaves every rank with bit-identical results.
+//!
+//! The all-reduces that carry state across steps (the quantized ring's and the stripes'
+//! codecs, PowerSGD's `Q`s, error and step count) save it with `save_state` and restore it
+//! with `load_state` (layout in `state.rs`: a tag, then length-checked fields; bad input
+//! gives a [`DecodeError`](gradwire_codec::DecodeError) and changes nothing), so a training
+//! that stops can resume bit for bit.
 
 mod gather_decode;
 mod powersgd;
 mod quantized;
 mod sparse;
 mod sparse_wire;
+mod state;
 mod stripe;
 
 pub use gather_decode::GatherDecode;

@@ -52,9 +52,10 @@
 
 use std::ops::Range;
 
-use gradwire_codec::{segments, BuildContext, PowerSgdConfig, TensorRole};
+use gradwire_codec::{segments, BuildContext, DecodeError, PowerSgdConfig, TensorRole};
 use gradwire_transport::Transport;
 
+use super::state::{invalid, Reader, Writer};
 use super::Reduce;
 use crate::{Algorithm, Error, ReduceOp, Result};
 
@@ -163,6 +164,9 @@ fn row_major<'a>(
         &m[range.clone()]
     }
 }
+
+/// The tag of a [`PowerSgdAllReduce`]'s saved state.
+const TAG: &[u8; 4] = b"GWPS";
 
 /// PowerSGD's compressed all-reduce for a gradient of one length on one world, with its
 /// state: the warm-start `Q`s (identical on every rank) and this rank's error.
@@ -275,6 +279,55 @@ impl PowerSgdAllReduce {
     /// Payload bytes this rank has sent so far (both all-reduces).
     pub fn bytes_sent(&self) -> u64 {
         self.bytes
+    }
+
+    /// Everything that changes across steps: the step count, the warm-start `Q` of every
+    /// low-rank tensor (the same on every rank) and this rank's error. Layout (see
+    /// `state.rs`): tag `GWPS`, the step as a `u64`, the number of `Q`s as a `u64`, each `Q`
+    /// as an `f32` vector (a `u64` length, then the values), then the error as an `f32`
+    /// vector (empty before the first compressed step and with `ef=false`). Buffers and byte
+    /// counters are not state.
+    pub fn save_state(&self) -> Vec<u8> {
+        let mut w = Writer::new(TAG);
+        w.u64(self.step).u64(self.q.len() as u64);
+        for q in &self.q {
+            w.f32s(q);
+        }
+        w.f32s(&self.error).finish()
+    }
+
+    /// Restores what [`PowerSgdAllReduce::save_state`] saved for the same tensors and rank
+    /// `r`. Bad input gives a [`DecodeError`] (a state of another all-reduce, other tensors
+    /// or another rank `r`, an error of another length, truncated) and leaves this
+    /// all-reduce as it was.
+    pub fn load_state(&mut self, state: &[u8]) -> std::result::Result<(), DecodeError> {
+        let mut r = Reader::new(state, TAG, "not a PowerSGD all-reduce state")?;
+        let step = r.u64()?;
+        if r.u64()? != self.q.len() as u64 {
+            return Err(invalid(
+                "PowerSGD state of another number of low-rank tensors",
+            ));
+        }
+        let mut qs = Vec::with_capacity(self.q.len());
+        for q in &self.q {
+            let saved = r.f32s()?;
+            if saved.len() != q.len() {
+                return Err(invalid("PowerSGD Q of another shape or rank"));
+            }
+            qs.push(saved);
+        }
+        let error = r.f32s()?;
+        r.finish()?;
+        if !error.is_empty() && error.len() != self.len {
+            return Err(DecodeError::LengthMismatch {
+                expected: self.len,
+                found: error.len() as u64,
+            });
+        }
+        self.step = step;
+        self.q = qs;
+        self.error = error;
+        Ok(())
     }
 
     /// Replaces `grad` by the rank-`r` approximation of the mean (or sum) over ranks.

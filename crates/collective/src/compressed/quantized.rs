@@ -25,9 +25,10 @@
 
 use std::ops::Range;
 
-use gradwire_codec::Codec;
+use gradwire_codec::{Codec, DecodeError};
 use gradwire_transport::Transport;
 
+use super::state::{invalid, load_all, Reader, Writer};
 use super::Reduce;
 use crate::ring::{left, reduce_scatter_step, right};
 use crate::{chunks, gather, Error, Result};
@@ -40,6 +41,9 @@ pub enum Leg {
     /// Compresses the fully reduced chunk this rank owns, once, for the all-gather.
     AllGather,
 }
+
+/// The tag of a [`QuantizedAllReduce`]'s saved state.
+const TAG: &[u8; 4] = b"GWQR";
 
 /// Dryden's quantized all-reduce for tensors of one length on one world, with the per-chunk
 /// codec state it carries across steps.
@@ -104,6 +108,39 @@ impl QuantizedAllReduce {
     /// (frame headers excluded), as Dryden counts them separately.
     pub fn bytes_by_leg(&self) -> (u64, u64) {
         (self.rs_bytes, self.ag_bytes)
+    }
+
+    /// Everything that changes across steps: the state of every reduce-scatter codec (one
+    /// per chunk, in chunk order) and of the all-gather codec ([`Codec::save_state`];
+    /// residuals, RNG positions). Layout (see `state.rs`): tag `GWQR`, the world size as a
+    /// `u64`, then each codec's state as a `u64` length and its bytes, the all-gather's last.
+    /// Buffers and byte counters are not state.
+    pub fn save_state(&self) -> Vec<u8> {
+        let mut w = Writer::new(TAG);
+        w.u64(self.world as u64);
+        for c in &self.rs {
+            w.bytes(&c.save_state());
+        }
+        w.bytes(&self.ag.save_state()).finish()
+    }
+
+    /// Restores what [`QuantizedAllReduce::save_state`] saved on the same rank of a world
+    /// of the same size with the same codecs. Bad input gives a [`DecodeError`] (a state of
+    /// another all-reduce, another world size, truncated, or refused by a codec) and leaves
+    /// this all-reduce as it was.
+    pub fn load_state(&mut self, state: &[u8]) -> std::result::Result<(), DecodeError> {
+        let mut r = Reader::new(state, TAG, "not a quantized all-reduce state")?;
+        if r.u64()? != self.world as u64 {
+            return Err(invalid("quantized all-reduce state of another world size"));
+        }
+        let mut states = Vec::with_capacity(self.world + 1);
+        for _ in 0..=self.world {
+            states.push(r.bytes()?);
+        }
+        r.finish()?;
+        let mut codecs: Vec<&mut Box<dyn Codec>> = self.rs.iter_mut().collect();
+        codecs.push(&mut self.ag);
+        load_all(&mut codecs, &states)
     }
 
     /// Replaces `grad` by the quantized sum (or mean) over ranks.

@@ -42,9 +42,12 @@
 
 use std::ops::Range;
 
-use gradwire_codec::{segments, BuildContext, Codec, CodecConfig, Progress, TensorInfo};
+use gradwire_codec::{
+    segments, BuildContext, Codec, CodecConfig, DecodeError, Progress, TensorInfo,
+};
 use gradwire_transport::Transport;
 
+use super::state::{invalid, load_all, Reader, Writer};
 use super::{Leg, Reduce};
 use crate::{gather, Algorithm, Error, ReduceOp, Result};
 
@@ -178,6 +181,9 @@ impl StripePlan {
     }
 }
 
+/// The tag of a [`StripeAllReduce`]'s saved state.
+const TAG: &[u8; 4] = b"GWSR";
+
 /// The stripe-quantized all-reduce of a gradient of one length on one world, with the codec
 /// state (the residuals of both quantizations) it carries across steps.
 pub struct StripeAllReduce {
@@ -262,6 +268,39 @@ impl StripeAllReduce {
     /// headers excluded).
     pub fn bytes_by_leg(&self) -> (u64, u64) {
         (self.rs_bytes, self.ag_bytes)
+    }
+
+    /// Everything that changes across steps: the state of every stripe's local codec (in
+    /// stripe order) and of the owner codec ([`Codec::save_state`]; the residuals of both
+    /// quantizations, RNG positions). Layout (see `state.rs`): tag `GWSR`, the world size as
+    /// a `u64`, then each codec's state as a `u64` length and its bytes, the owner's last.
+    /// Buffers and byte counters are not state.
+    pub fn save_state(&self) -> Vec<u8> {
+        let mut w = Writer::new(TAG);
+        w.u64(self.world as u64);
+        for c in &self.local {
+            w.bytes(&c.save_state());
+        }
+        w.bytes(&self.owner.save_state()).finish()
+    }
+
+    /// Restores what [`StripeAllReduce::save_state`] saved on the same rank of a world of
+    /// the same size with the same codecs and plan. Bad input gives a [`DecodeError`] (a
+    /// state of another all-reduce, another world size, truncated, or refused by a codec)
+    /// and leaves this all-reduce as it was.
+    pub fn load_state(&mut self, state: &[u8]) -> std::result::Result<(), DecodeError> {
+        let mut r = Reader::new(state, TAG, "not a stripe all-reduce state")?;
+        if r.u64()? != self.world as u64 {
+            return Err(invalid("stripe all-reduce state of another world size"));
+        }
+        let mut states = Vec::with_capacity(self.world + 1);
+        for _ in 0..=self.world {
+            states.push(r.bytes()?);
+        }
+        r.finish()?;
+        let mut codecs: Vec<&mut Box<dyn Codec>> = self.local.iter_mut().collect();
+        codecs.push(&mut self.owner);
+        load_all(&mut codecs, &states)
     }
 
     /// Replaces `grad` by the quantized sum (or mean) over ranks.

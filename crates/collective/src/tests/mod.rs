@@ -11,6 +11,7 @@ mod feedback;
 mod hierarchical;
 mod powersgd;
 mod real_codecs;
+mod state;
 mod stripe;
 
 /// A world factory: builds `n` connected ranks.

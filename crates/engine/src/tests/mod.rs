@@ -6,6 +6,7 @@ mod codecs;
 mod hosts;
 mod negotiation;
 mod shapes;
+mod state;
 mod topk_global;
 
 use std::sync::atomic::{AtomicBool, Ordering};
