@@ -220,7 +220,10 @@ def main(argv=None):
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("GRADWIRE_LOCAL_SIZE", "1")))
     threads = a.threads or max(1, (os.cpu_count() or 1) // local)
     torch.set_num_threads(threads)
-    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    # The job's store (DDP's TCPStore, or torchrun's agent store) listens on MASTER_PORT: its
+    # connection is not gradient traffic. gradwire's own rendezvous there (no store) is.
+    store = a.ddp or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store_port = int(os.environ.get("MASTER_PORT", "0")) if store else -1
 
     if a.ddp:
         import torch.distributed as dist

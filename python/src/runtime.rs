@@ -15,7 +15,7 @@ use gradwire_run::join::{self, TransportKind};
 use gradwire_transport::Transport;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffer;
 use crate::error::{raise, raise_in, GradwireError};
@@ -420,6 +420,29 @@ impl Runtime {
             b.wire_bytes + b.negotiation_bytes + b.other_bytes,
         )?;
         Ok(d)
+    }
+
+    /// This rank's engine state (codec residuals, DGC's velocity and warm-up position,
+    /// momentum-correction velocities, the step) as bytes: gradwire's versioned, checksummed
+    /// format. Call between steps (nothing submitted and not waited on).
+    fn save_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let engine = self.engine(py)?;
+        let state = py
+            .detach(|| engine.save_state())
+            .map_err(|e| raise_in("saving the engine's state", &e))?;
+        Ok(PyBytes::new(py, &state.to_bytes()))
+    }
+
+    /// Restores a `save_state` of this rank into the running engine (same tensors, policies,
+    /// seed and world size; anything else raises, naming what differs, and changes nothing).
+    /// Returns the saved `(step, epoch)`.
+    fn load_state(&self, py: Python<'_>, state: &[u8]) -> PyResult<(u64, f32)> {
+        let state = gradwire_engine::EngineState::from_bytes(state)
+            .map_err(|e| raise_in("reading a saved engine state", &e))?;
+        let engine = self.engine(py)?;
+        py.detach(|| engine.load_state(&state))
+            .map_err(|e| raise_in("loading the engine's state", &e))?;
+        Ok((state.step, state.epoch))
     }
 
     /// Shuts the engine down (collective: waits for every rank) and closes the transport.

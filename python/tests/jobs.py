@@ -125,6 +125,42 @@ def gw_allreduce(out):
     gw.shutdown()
 
 
+# ---- saving and resuming: engine state (codec residuals, DGC's velocity and warm-up) with
+# the model and the optimizer
+
+
+def resume(out, phase, codec, steps="6", stop="3"):
+    import gradwire.torch as gw
+
+    gw.init()
+    rank = gw.rank()
+    m = model()
+    opt = gw.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=1e-3),
+        named_parameters=m.named_parameters(), codec=codec, steps_per_epoch=4)
+    ckpt = os.path.join(out, f"ckpt-rank{rank}.pt")
+    first = 0
+    if phase == "second":
+        saved = torch.load(ckpt)
+        m.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        if not os.environ.get("GW_SKIP_ENGINE_STATE"):
+            gw.load_state_dict(saved["gradwire"])
+        first = int(stop)
+    last = int(stop) if phase == "first" else int(steps)
+    for step in range(first, last):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+    if phase == "first":
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(),
+                    "gradwire": gw.state_dict()}, ckpt)
+    elif rank == 0:
+        save(out, f"resume-{phase}.pt", {"params": flat(m)})
+    gw.shutdown()
+
+
 # ---- a rank dies mid-step
 
 

@@ -5,6 +5,7 @@ import atexit
 import itertools
 import os
 import threading
+import weakref
 
 from .. import _gradwire
 
@@ -15,6 +16,8 @@ _tensors = []
 _config = None
 _names = {}
 _timeline_path = os.environ.get("GRADWIRE_TIMELINE") or None
+# The live DistributedOptimizers, told the step when an engine state is loaded.
+optimizers = weakref.WeakSet()
 
 
 def init(transport="auto"):

@@ -88,7 +88,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         om = resolved["optimizer_momentum"]
         # None: keep; (): corrected, SGD's own factor; (factor, nesterov): corrected with it.
         self._corrected = None if om is None or not is_sgd else om
-        self._wd_momentum = {}
         config = {
             "codec": self._codec,
             "rules": list(rules or []),
@@ -109,6 +108,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_sync = True
         self._first_hook_us = None
         rt.set_progress(0, 0.0)
+        _runtime.optimizers.add(self)
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self._params]
 
     # ---- the hot path: one hook per parameter, called as backward produces its gradient
@@ -203,9 +203,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         if p.grad is None:
                             continue
                         d = p.detach() * wd
-                        b = self._wd_momentum.get(p)
+                        # In the optimizer's own state, so that its state_dict() keeps it.
+                        b = self.state[p].get("gradwire_wd_momentum")
                         if b is None:
-                            b = self._wd_momentum[p] = d.clone()
+                            b = self.state[p]["gradwire_wd_momentum"] = d.clone()
                         else:
                             b.mul_(mu).add_(d, alpha=1.0 - damp)
                         p.grad.add_(d + mu * b if nesterov else b)
@@ -226,6 +227,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError(
                 "zero_grad() while gradients are in flight: call step() or synchronize() first")
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+    def _resume_at(self, step, epoch):
+        self._step_count = int(step)
 
     def set_epoch(self, epoch):
         """Tells the codecs where training is, in epochs (DGC's warm-up counts epochs), when

@@ -12,9 +12,13 @@ def state_dict():
 
 
 def load_state_dict(state):
-    """Restores a :func:`state_dict` into the running engine (same tensors, codecs and world
-    size; anything else raises ``GradwireError`` naming what differs)."""
-    _runtime.runtime().load_state(bytes(state))
+    """Restores a :func:`state_dict` into the running engine (same tensors, codecs, seed and
+    world size; anything else raises ``GradwireError`` naming what differs and changes
+    nothing), and the step count of every ``DistributedOptimizer`` (so DGC's warm-up and the
+    codecs' random streams go on where they were). Call it after creating the optimizer."""
+    step, epoch = _runtime.runtime().load_state(bytes(state))
+    for opt in list(_runtime.optimizers):
+        opt._resume_at(step, epoch)
 
 
 __all__ = ["state_dict", "load_state_dict"]
