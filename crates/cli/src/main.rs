@@ -24,6 +24,7 @@ mod simulate;
 mod simulate_host;
 mod size;
 mod train;
+mod train_checkpoint;
 mod train_ps;
 mod train_sandblaster;
 

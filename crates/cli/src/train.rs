@@ -150,6 +150,17 @@ pub struct TrainArgs {
     /// Directory for metrics.jsonl, run.json and the plots (default out/<model>-<codec>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write a checkpoint every N steps (0: never) under `OUT/checkpoints/`: one file per
+    /// rank (parameters, optimizer and engine state, position in the run, configuration),
+    /// and `step-<S>.complete` once every rank's is written; the two newest complete ones
+    /// are kept. Not with parameter servers or --overlap-steps 1.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
+    /// Continue the run whose --out folder is DIR from its newest complete checkpoint (same
+    /// settings and world size; refused otherwise), ending bit for bit where the
+    /// uninterrupted run would. --out defaults to DIR.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
     /// Run the workers as threads of this process instead of processes (`--transport
     /// local` does the same).
     #[arg(long)]
@@ -196,6 +207,7 @@ struct TrainFile {
     data: Option<PathBuf>,
     json: Option<PathBuf>,
     out: Option<PathBuf>,
+    checkpoint_every: Option<u64>,
 }
 
 /// Parses one string setting of the TOML file, naming the file and key on error.
@@ -252,6 +264,10 @@ pub struct Plan {
     pub save_params: Option<PathBuf>,
     /// What `--codec auto` chose (its rules are in `rules`, after the user's).
     pub codec_choice: Option<crate::auto_codec::Choice>,
+    /// Steps between checkpoints (0: none).
+    pub checkpoint_every: u64,
+    /// The `--out` folder of the run to continue.
+    pub resume: Option<PathBuf>,
 }
 
 impl Plan {
@@ -479,7 +495,12 @@ impl TrainArgs {
             local_clip,
             ..TrainConfig::default()
         };
-        let out = self.out.clone().or(file.out).unwrap_or_else(|| {
+        let out = self
+            .out
+            .clone()
+            .or(file.out)
+            .or_else(|| self.resume.clone());
+        let out = out.unwrap_or_else(|| {
             PathBuf::from("out").join(format!(
                 "{}-{}-{}",
                 model.name(),
@@ -520,7 +541,17 @@ impl TrainArgs {
             ps: None,
             save_params: self.ps.save_params.clone(),
             codec_choice: None,
+            checkpoint_every: self.checkpoint_every.or(file.checkpoint_every).unwrap_or(0),
+            resume: self.resume.clone(),
         };
+        if plan.checkpoint_every > 0 || plan.resume.is_some() {
+            if ps_mode.is_some() {
+                bail!("--checkpoint-every and --resume need the all-reduce engine, not a parameter server");
+            }
+            if plan.train.overlap_steps != 0 {
+                bail!("--checkpoint-every and --resume need synchronous steps (--overlap-steps 0)");
+            }
+        }
         if auto {
             if ps_mode.is_some() {
                 bail!(
@@ -667,6 +698,10 @@ fn run_linked<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<
 fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()> {
     gradwire_train::init_threads(plan.threads);
     let (rank, world) = (t.rank(), t.world_size());
+    let resume = match &plan.resume {
+        Some(dir) => Some(crate::train_checkpoint::load(dir, plan, rank, world)?),
+        None => None,
+    };
     let data = plan
         .dataset
         .load(&plan.data, plan.seq_len)
@@ -693,6 +728,12 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
     let sync = EngineSync::new(t, engine, &model.tensors(), steps_guess)
         .with_context(|| format!("rank {rank}: starting the engine"))?;
     let mut trainer = Trainer::new(model, sync, plan.train.clone(), data.train.len())?;
+    if let Some(ck) = &resume {
+        trainer
+            .restore(ck)
+            .with_context(|| format!("rank {rank}: resuming from step {}", ck.global_step))?;
+        crate::train_checkpoint::agree(&mut trainer, ck.global_step)?;
+    }
     let steps = trainer.steps_per_epoch(data.train.len());
     let reporting = rank == 0;
     if reporting {
@@ -715,14 +756,39 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         if let Some(w) = plan.momentum_warning() {
             eprintln!("gradwire train: warning: {w}");
         }
+    }
+    let mut run = plan.run_record(world, steps);
+    if reporting {
+        // A resumed run's metrics continue the finished epochs' lines (read before
+        // metrics.jsonl is started afresh: --out may be the resumed folder).
+        let done = match (&resume, &plan.resume) {
+            (Some(ck), Some(dir)) => crate::train_checkpoint::finished_epochs(dir, ck.epoch)?,
+            _ => Vec::new(),
+        };
         std::fs::create_dir_all(&plan.out)
             .with_context(|| format!("creating {}", plan.out.display()))?;
         let _ = std::fs::remove_file(plan.out.join("metrics.jsonl"));
+        if !done.is_empty() {
+            let lines: String = done.iter().map(|(l, _)| format!("{l}\n")).collect();
+            let path = plan.out.join("metrics.jsonl");
+            std::fs::write(&path, lines).with_context(|| format!("writing {}", path.display()))?;
+        }
+        run.epochs = done.into_iter().map(|(_, r)| r).collect();
     }
-    let mut run = plan.run_record(world, steps);
+    if let (Some(ck), Some(dir), true) = (&resume, &plan.resume, reporting) {
+        eprintln!(
+            "gradwire train: resumed from {} at step {} (epoch {}, step {} of it)",
+            dir.display(),
+            ck.global_step,
+            ck.epoch + 1,
+            ck.step_in_epoch
+        );
+    }
+    let (mut ckpt_n, mut ckpt_s) = (0u32, 0.0f64);
     let mut last_acc = String::new();
     let mut total_bytes = 0u64;
-    for epoch in 0..plan.train.epochs {
+    while (trainer.epoch() as usize) < plan.train.epochs {
+        let epoch = trainer.epoch() as usize;
         let bar = (reporting && !quiet).then(|| progress_bar(steps, epoch, plan.train.epochs));
         let start = Instant::now();
         let mut epoch_bytes = 0u64;
@@ -738,7 +804,17 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
                 ));
             }
         };
-        let stats = trainer.run_epoch(&data, &mut on_step)?;
+        let every = plan.checkpoint_every;
+        let stats = loop {
+            let pause = (every > 0).then(|| (trainer.global_step() / every + 1) * every);
+            match trainer.run_epoch_until(&data, &mut on_step, pause)? {
+                Some(stats) => break stats,
+                None => {
+                    ckpt_s += crate::train_checkpoint::save(&mut trainer, plan, world)?;
+                    ckpt_n += 1;
+                }
+            }
+        };
         total_bytes += stats.bytes_sent;
         if let Some(b) = bar {
             b.finish_and_clear();
@@ -768,6 +844,13 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             }
             run.epochs.push(rec);
         }
+    }
+    if reporting && ckpt_n > 0 {
+        eprintln!(
+            "gradwire train: {ckpt_n} checkpoint(s) in {}, {:.1} ms each on rank 0",
+            crate::train_checkpoint::dir(&plan.out).display(),
+            ckpt_s * 1e3 / f64::from(ckpt_n)
+        );
     }
     if let (Some(p), 0) = (&plan.save_params, rank) {
         crate::train_ps::save_params(p, trainer.params())?;

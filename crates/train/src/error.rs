@@ -59,6 +59,17 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A checkpoint file is truncated, corrupted or not a checkpoint.
+    #[error("checkpoint {path}: {source}")]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: crate::checkpoint::CheckpointFormatError,
+    },
+    /// A checkpoint does not fit this run (another world size, rank or model size).
+    #[error("cannot resume: {0}")]
+    Resume(String),
     /// Saved optimizer state could not be restored.
     #[error("cannot restore optimizer state: {0}")]
     State(String),

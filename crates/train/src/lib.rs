@@ -54,6 +54,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 pub mod data;
 mod error;
 pub mod model;
@@ -66,6 +67,7 @@ mod trainer;
 /// The burn this crate is built with (0.22, flex CPU backend with autodiff): define your own
 /// network with it and train it through [`BurnModel::custom`].
 pub use burn;
+pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::{BurnModel, Eval, MlpHidden, Model, ModelKind, Net};
 pub use model::{ParamTensor, TensorRole};

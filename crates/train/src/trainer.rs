@@ -19,10 +19,11 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::Checkpoint;
 use crate::data::{shard_indices, shard_len, Dataset, Split};
 use crate::error::{Error, Result};
 use crate::model::{Eval, Model};
-use crate::optim::{Optimizer, OptimizerConfig};
+use crate::optim::{Optimizer, OptimizerConfig, OptimizerState};
 use crate::sync::{GradientSync, Phase, SyncStats};
 
 /// Which ranks evaluate the held-out split at the end of each epoch.
@@ -157,6 +158,19 @@ pub struct Trainer<S: GradientSync> {
     in_flight: bool,
     epoch: u64,
     global_step: u64,
+    /// The current epoch's progress: steps taken and the sums so far (kept across
+    /// [`Trainer::run_epoch_until`]'s pauses).
+    part: EpochPart,
+}
+
+/// What an epoch has done so far.
+#[derive(Debug, Clone, Default)]
+struct EpochPart {
+    step: usize,
+    loss_sum: f64,
+    compute_s: f64,
+    total: SyncStats,
+    wall_s: f64,
 }
 
 impl<S: GradientSync> Trainer<S> {
@@ -202,6 +216,7 @@ impl<S: GradientSync> Trainer<S> {
             in_flight: false,
             epoch: 0,
             global_step: 0,
+            part: EpochPart::default(),
         })
     }
 
@@ -230,6 +245,89 @@ impl<S: GradientSync> Trainer<S> {
         &self.sync
     }
 
+    /// The sync, e.g. for a collective between steps (a barrier over
+    /// [`GradientSync::average_metrics`]).
+    pub fn sync_mut(&mut self) -> &mut S {
+        &mut self.sync
+    }
+
+    /// Steps taken since the start of the run.
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+
+    /// Steps of the current epoch already taken.
+    pub fn step_in_epoch(&self) -> usize {
+        self.part.step
+    }
+
+    /// This rank's state at the current step boundary, for a checkpoint: parameters,
+    /// optimizer and sync state, and the position in the run. `config` (the run's resolved
+    /// configuration) and `software` (version and revision) are stored as given. Call it
+    /// between steps (after [`Trainer::run_epoch_until`] paused); not with
+    /// `overlap_steps = 1`, whose gradient is in flight across steps.
+    pub fn checkpoint(&self, config: String, software: String) -> Result<Checkpoint> {
+        if self.in_flight || self.config.overlap_steps != 0 {
+            return Err(Error::Config(
+                "checkpoints need synchronous steps (overlap_steps = 0)".into(),
+            ));
+        }
+        Ok(Checkpoint {
+            rank: self.sync.rank() as u32,
+            world_size: self.sync.world_size() as u32,
+            epoch: self.epoch,
+            step_in_epoch: self.part.step as u64,
+            global_step: self.global_step,
+            loss_sum: self.part.loss_sum,
+            config,
+            software,
+            params: self.params.clone(),
+            optimizer: self.optimizer.state().to_bytes(),
+            sync: self.sync.save_state()?,
+        })
+    }
+
+    /// Continues from `ckpt` (taken by [`Trainer::checkpoint`] on this rank of a run with
+    /// the same settings): parameters, optimizer and sync state, epoch and step. The next
+    /// [`Trainer::run_epoch_until`] goes on with the step after the checkpoint's, and the run
+    /// then ends bit for bit where the uninterrupted one would. The caller compares the
+    /// configuration; this checks rank, world size and the parameter count.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        let (rank, world) = (self.sync.rank(), self.sync.world_size());
+        if (ckpt.rank as usize, ckpt.world_size as usize) != (rank, world) {
+            return Err(Error::Resume(format!(
+                "the checkpoint is rank {} of {}, this is rank {rank} of {world}",
+                ckpt.rank, ckpt.world_size
+            )));
+        }
+        if ckpt.params.len() != self.params.len() {
+            return Err(Error::Resume(format!(
+                "the checkpoint holds {} parameters, the model has {}",
+                ckpt.params.len(),
+                self.params.len()
+            )));
+        }
+        if self.in_flight || self.config.overlap_steps != 0 {
+            return Err(Error::Config(
+                "checkpoints need synchronous steps (overlap_steps = 0)".into(),
+            ));
+        }
+        let state = OptimizerState::from_bytes(&ckpt.optimizer)?;
+        self.optimizer.set_state(state)?;
+        self.sync.load_state(&ckpt.sync, ckpt.global_step)?;
+        self.params.copy_from_slice(&ckpt.params);
+        self.model.set_params(&self.params);
+        self.epoch = ckpt.epoch;
+        self.global_step = ckpt.global_step;
+        self.part = EpochPart {
+            step: usize::try_from(ckpt.step_in_epoch)
+                .map_err(|_| Error::Resume("step within the epoch out of range".into()))?,
+            loss_sum: ckpt.loss_sum,
+            ..EpochPart::default()
+        };
+        Ok(())
+    }
+
     /// The settings.
     pub fn config(&self) -> &TrainConfig {
         &self.config
@@ -252,6 +350,23 @@ impl<S: GradientSync> Trainer<S> {
         data: &Dataset,
         on_step: &mut dyn FnMut(&StepInfo),
     ) -> Result<EpochStats> {
+        loop {
+            if let Some(stats) = self.run_epoch_until(data, on_step, None)? {
+                return Ok(stats);
+            }
+        }
+    }
+
+    /// [`Trainer::run_epoch`] from the epoch's current step, pausing (`Ok(None)`) at the
+    /// step boundary where the run's global step reaches `pause_at` (for a checkpoint); the
+    /// next call goes on from there. A pause after the epoch's last step comes before its
+    /// evaluation. `Ok(Some(stats))` once the epoch is done.
+    pub fn run_epoch_until(
+        &mut self,
+        data: &Dataset,
+        on_step: &mut dyn FnMut(&StepInfo),
+        pause_at: Option<u64>,
+    ) -> Result<Option<EpochStats>> {
         let t_epoch = Instant::now();
         let (rank, world) = (self.sync.rank(), self.sync.world_size());
         let n = data.train.len();
@@ -264,9 +379,20 @@ impl<S: GradientSync> Trainer<S> {
         }
         let bs = self.config.batch_size;
         let shard = shard_indices(n, world, rank, self.config.seed, self.epoch);
-        let (mut compute_s, mut loss_sum) = (0.0f64, 0.0f64);
-        let mut total = SyncStats::default();
-        for step in 0..steps {
+        let mut part = std::mem::take(&mut self.part);
+        let (mut compute_s, mut loss_sum) = (part.compute_s, part.loss_sum);
+        let mut total = part.total;
+        for step in part.step..steps {
+            if pause_at.is_some_and(|p| self.global_step >= p) && !self.in_flight {
+                self.part = EpochPart {
+                    step,
+                    loss_sum,
+                    compute_s,
+                    total,
+                    wall_s: part.wall_s + t_epoch.elapsed().as_secs_f64(),
+                };
+                return Ok(None);
+            }
             let batch = data.train.batch(&shard[step * bs..(step + 1) * bs]);
             let t0 = Instant::now();
             let loss = self.model.forward_backward(&batch, &mut self.grads)?;
@@ -336,6 +462,19 @@ impl<S: GradientSync> Trainer<S> {
                 sync: stats,
             });
         }
+        if pause_at.is_some_and(|p| self.global_step >= p) && !self.in_flight && part.step < steps {
+            // Paused after the epoch's last step, before its evaluation.
+            self.part = EpochPart {
+                step: steps,
+                loss_sum,
+                compute_s,
+                total,
+                wall_s: part.wall_s + t_epoch.elapsed().as_secs_f64(),
+            };
+            return Ok(None);
+        }
+        part.wall_s += t_epoch.elapsed().as_secs_f64();
+        let t_epoch = Instant::now();
         if self.in_flight {
             // The epoch's last gradient, applied before the evaluation.
             let (stats, _, update_s) = self.apply_in_flight()?;
@@ -366,7 +505,7 @@ impl<S: GradientSync> Trainer<S> {
             train_loss: mean_loss[0],
             test_accuracy,
             val_perplexity,
-            wall_s: t_epoch.elapsed().as_secs_f64(),
+            wall_s: part.wall_s + t_epoch.elapsed().as_secs_f64(),
             eval_s,
             compute_s,
             comm_s: total.comm_s,
@@ -374,7 +513,7 @@ impl<S: GradientSync> Trainer<S> {
             compression_ratio: total.compression_ratio(),
         };
         self.epoch += 1;
-        Ok(stats)
+        Ok(Some(stats))
     }
 
     /// With a gradient averaging in flight (`overlap_steps = 1`): waits for it and applies

@@ -252,6 +252,23 @@ impl GradientSync for EngineSync {
         self.collect(out, &mut |_, _| Ok(()), Instant::now())
     }
 
+    fn save_state(&self) -> Result<Vec<u8>> {
+        if self.in_flight.is_some() {
+            return Err(Error::Config(
+                "checkpoint while a gradient averaging is in flight".into(),
+            ));
+        }
+        Ok(self.engine().save_state()?.to_bytes())
+    }
+
+    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
+        let state =
+            gradwire_engine::EngineState::from_bytes(state).map_err(|e| Error::Engine(e.into()))?;
+        self.engine().load_state(&state)?;
+        self.step = steps_taken;
+        Ok(())
+    }
+
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
         if self.world == 1 {
             return Ok(());

@@ -120,6 +120,24 @@ pub trait GradientSync: Send {
         ))
     }
 
+    /// Everything this sync carries from one step to the next (codec residuals, momenta,
+    /// random streams, progress), as bytes for a checkpoint; called between steps. The
+    /// default refuses (a sync that cannot be checkpointed).
+    fn save_state(&self) -> Result<Vec<u8>> {
+        Err(crate::error::Error::Config(
+            "this gradient sync cannot be checkpointed (checkpoints need the engine)".into(),
+        ))
+    }
+
+    /// Restores [`GradientSync::save_state`]'s bytes into a fresh sync, which then continues
+    /// as if it had taken `steps_taken` steps. The default refuses.
+    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
+        let _ = (state, steps_taken);
+        Err(crate::error::Error::Config(
+            "this gradient sync cannot be checkpointed (checkpoints need the engine)".into(),
+        ))
+    }
+
     /// Averages a few metric values (e.g. the epoch's training loss) over the ranks. The
     /// default leaves them local; implementations with a transport should average.
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
@@ -162,5 +180,11 @@ impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
     }
     fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
         (**self).finish_sync(out)
+    }
+    fn save_state(&self) -> Result<Vec<u8>> {
+        (**self).save_state()
+    }
+    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
+        (**self).load_state(state, steps_taken)
     }
 }
