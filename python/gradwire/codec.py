@@ -3,6 +3,7 @@ rank's codec does, decode a payload. Specs are the CLI's (``gradwire train --cod
 ``dgc:ratio=0.001``, ``qsgd:bits=4``, ``powersgd:rank=2``; :func:`examples` lists one per
 codec and notable option."""
 
+import ctypes
 import struct
 
 from . import _gradwire
@@ -29,9 +30,12 @@ def _as_bytes(values):
         if str(values.dtype) not in ("float32", "torch.float32"):
             raise TypeError(f"expected float32 values, got {values.dtype}")
         return tobytes()
-    numpy = getattr(values, "numpy", None)
-    if numpy is not None:  # a torch tensor
-        return _as_bytes(values.detach().cpu().contiguous().numpy())
+    if hasattr(values, "data_ptr") and hasattr(values, "numel"):  # a torch tensor
+        if str(values.dtype) != "torch.float32":
+            raise TypeError(f"expected float32 values, got {values.dtype}")
+        # Read the tensor's memory directly: torch's .numpy() needs NumPy installed.
+        t = values.detach().cpu().contiguous()
+        return ctypes.string_at(t.data_ptr(), t.numel() * 4)
     return struct.pack(f"<{len(values)}f", *values)
 
 
