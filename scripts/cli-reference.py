@@ -27,9 +27,10 @@ FLATTEN = {"crate::train_ps::PsArgs": ("train_ps.rs", "PsArgs")}
 
 
 def consts():
-    """String constants used as `help = ...` (e.g. world::TRANSPORT_HELP)."""
+    """String constants used as `help = ...` (e.g. gradwire_run::join::TRANSPORT_HELP), from
+    the CLI's sources and the run-rules library's."""
     out = {}
-    for f in SRC.glob("*.rs"):
+    for f in [*SRC.glob("*.rs"), *Path("crates/run/src").rglob("*.rs")]:
         for m in re.finditer(r'pub const (\w+): &str =\s*"((?:[^"\\]|\\.)*)";', f.read_text(), re.S):
             out[m.group(1)] = re.sub(r"\\\n\s*", "", m.group(2))
     return out
