@@ -124,7 +124,7 @@ fn layout_from_gathered(all: Vec<Vec<u8>>) -> Result<Layout> {
 
 /// Fuzz entry (cargo-fuzz target `host_layout`): `data` split at zero bytes is every rank's
 /// host name as received; a layout that decodes must place every rank exactly once.
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn fuzz_layout(data: &[u8]) {
     let all: Vec<Vec<u8>> = data.split(|b| *b == 0).map(<[u8]>::to_vec).collect();
     let n = all.len();

@@ -215,6 +215,7 @@ impl Message {
         }
     }
 
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn decode(peer: usize, buf: &[u8]) -> Result<Message> {
         let mut m = Message::default();
         m.decode_into(peer, buf)?;

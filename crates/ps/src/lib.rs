@@ -91,10 +91,9 @@ pub use client::{ClientConfig, KvStore, PullInfo};
 pub use downpour::Downpour;
 pub use placement::{ChunkPlace, Placement};
 pub use server::{Server, ServerConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
-pub use shard::{
-    check_checkpoint_body, check_wal_bytes, Limits, Shard, ShardConfig, ShardStats,
-    DEFAULT_WAL_ROTATE_BYTES,
-};
+#[cfg(feature = "fuzzing")]
+pub use shard::{check_checkpoint_body, check_wal_bytes};
+pub use shard::{Limits, Shard, ShardConfig, ShardStats, DEFAULT_WAL_ROTATE_BYTES};
 pub use spec::{ChunkId, Consistency, DeadPolicy, Key, PushCodec, PushMode, TableSpec, WorkerId};
 pub use twobit::{TwoBit, TwoBitConfig};
 pub use updater::{apply as apply_update, OptState, UpdaterSpec};

@@ -281,18 +281,21 @@ pub fn step(
         ),
         s @ (Strategy::Auto | Strategy::Quantized) => return Err(Error::Strategy(s)),
     };
-    let (compute, codec_s, others) = match scenario.host {
+    // `base` is the step before the link: compute plus codec work, or the measured step itself
+    // (so a prediction never rounds below the step it was built on).
+    let (compute, codec_s, others, base) = match scenario.host {
         Some(h) => {
             if h.cores == 0 {
                 return Err(Error::NoCores);
             }
             let c = check("host compute_s", h.compute_s)?;
-            let sync = (check("host step_s", h.step_s)? - c).max(0.0);
+            let measured = check("host step_s", h.step_s)?;
+            let sync = (measured - c).max(0.0);
             // The other ranks' share of the measured sync work (module doc).
             let others = sync * (1.0 - h.cores as f64 / pf).max(0.0);
-            (c, sync, others)
+            (c, sync, others, measured.max(c))
         }
-        None => (compute, codec_s, 0.0),
+        None => (compute, codec_s, 0.0, compute + codec_s),
     };
     let mut hidden = overlap * comm_s.min(compute);
     hidden += (comm_s - hidden).min(others);
@@ -301,7 +304,7 @@ pub fn step(
         codec_s,
         comm_s,
         hidden_s: hidden,
-        step_s: compute + codec_s + comm_s - hidden,
+        step_s: base + (comm_s - hidden).max(0.0),
     })
 }
 

@@ -186,7 +186,7 @@ pub(crate) fn decode(
 /// Fuzzing entry point (not part of the API): decodes `msg` for a tensor of `len` elements
 /// and checks that what the decoder accepts is canonical: it re-encodes to the same bytes,
 /// and a sparse message merges with itself into the same index set.
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn fuzz_decode(msg: &[u8], len: usize) -> Result<()> {
     let mut sparse = SparseGrad::default();
     let mut dense = Vec::new();

@@ -1,6 +1,5 @@
 //! The shard's durable state: WAL records, checkpoints (snapshot and restore) and replay.
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use crate::durability::write_checkpoint;
@@ -352,6 +351,7 @@ impl Shard {
 
 /// Decodes a checkpoint body into a throw-away shard state (for the fuzz target): never
 /// panics, whatever the bytes.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn check_checkpoint_body(num_workers: u32, body: &[u8]) -> Result<(), WireError> {
     let shard = Shard::open(ShardConfig {
         num_workers,
@@ -361,9 +361,9 @@ pub fn check_checkpoint_body(num_workers: u32, body: &[u8]) -> Result<(), WireEr
     let now = Instant::now();
     let mut st = shard.lock();
     let mut fresh = State {
-        chunks: BTreeMap::new(),
+        chunks: std::collections::BTreeMap::new(),
         workers: (0..num_workers).map(|_| WorkerSlot::new(now)).collect(),
-        vecs: HashMap::new(),
+        vecs: std::collections::HashMap::new(),
         lsn: 0,
         wal: None,
         stats: ShardStats::default(),
@@ -375,6 +375,7 @@ pub fn check_checkpoint_body(num_workers: u32, body: &[u8]) -> Result<(), WireEr
 }
 
 /// Replays WAL bytes into a throw-away shard state (for the fuzz target).
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn check_wal_bytes(num_workers: u32, bytes: &[u8]) {
     let Ok(shard) = Shard::open(ShardConfig {
         num_workers,

@@ -239,6 +239,29 @@ fn on_a_shared_host_the_other_ranks_sync_work_hides_behind_the_wire() {
 }
 
 #[test]
+fn a_prediction_never_rounds_below_the_measured_step_it_adds_the_wire_to() {
+    // The figures of a 3-rank 1-bit SGD step measured on 2 cores, whose wire all hides: the
+    // prediction is the measured step to the last bit, not one unit in the last place below.
+    let c = codec(Strategy::Sparse, 0.0);
+    for (compute_s, step_s) in [
+        (0.0006989713749999999, 0.005644167558333334),
+        (0.15, 0.25),
+        (1e-9, 0.1 + 0.2),
+    ] {
+        let at = Scenario {
+            host: Some(MeasuredStep {
+                cores: 2,
+                compute_s,
+                step_s,
+            }),
+            ..scenario(3)
+        };
+        let s = step(&model(), &c, &at).unwrap();
+        assert!(s.step_s >= step_s, "{} < {step_s}", s.step_s);
+    }
+}
+
+#[test]
 fn bad_inputs_are_errors() {
     assert_eq!(
         step(&model(), &CodecProfile::dense(), &scenario(0)),
