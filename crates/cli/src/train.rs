@@ -707,7 +707,8 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         .load(&plan.data, plan.seq_len)
         .with_context(|| format!("rank {rank}: loading {}", plan.dataset.name()))?;
     let model = plan.model.build(data.shape(), plan.train.seed)?;
-    let steps_guess = steps_per_epoch(data.train.len(), world, &plan.train);
+    // The engine's schedules (DGC's warm-up in epochs) need at least one step per epoch.
+    let steps_guess = gradwire_train::steps_per_epoch(data.train.len(), world, &plan.train).max(1);
     let engine = EngineConfig {
         codec: plan.codec.clone(),
         strategy: plan.sync,
@@ -928,12 +929,6 @@ fn link_label(cfg: &LinkConfig) -> String {
         s.push_str(&format!(";rank{rank}={spec}"));
     }
     s
-}
-
-/// Steps per epoch as the trainer computes them (each rank's shard over its batch).
-fn steps_per_epoch(train_len: usize, world: usize, cfg: &TrainConfig) -> usize {
-    let s = (train_len / world.max(1)) / cfg.batch_size.max(1);
-    cfg.max_steps_per_epoch.map_or(s, |m| s.min(m)).max(1)
 }
 
 pub(crate) fn record(s: &EpochStats) -> EpochRecord {

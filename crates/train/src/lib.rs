@@ -77,4 +77,6 @@ pub use sync::{
     SyncStats, SyncStrategy,
 };
 pub use threads::{init_threads, num_threads, threads_per_worker};
-pub use trainer::{evaluate, EpochStats, EvalMode, StepInfo, TrainConfig, Trainer};
+pub use trainer::{
+    evaluate, steps_per_epoch, EpochStats, EvalMode, StepInfo, TrainConfig, Trainer,
+};

@@ -586,8 +586,10 @@ impl<S: GradientSync> Trainer<S> {
     }
 }
 
-/// Steps per epoch for `train_len` samples over `world` ranks.
-fn steps_per_epoch(train_len: usize, world: usize, config: &TrainConfig) -> usize {
+/// Steps per epoch for `train_len` samples over `world` ranks: each rank's shard over its
+/// batch, capped by [`TrainConfig::max_steps_per_epoch`] (what [`Trainer::steps_per_epoch`]
+/// gives once a trainer exists; 0 when a shard holds less than a batch).
+pub fn steps_per_epoch(train_len: usize, world: usize, config: &TrainConfig) -> usize {
     let steps = shard_len(train_len, world) / config.batch_size.max(1);
     config.max_steps_per_epoch.map_or(steps, |m| steps.min(m))
 }
