@@ -11,6 +11,11 @@
 //!   communication and codec time of one step for a [`ModelProfile`] and a [`CodecProfile`],
 //!   hence the step time, the speedup over dense and the scaling efficiency.
 //!
+//! * [`model_parallel`]: DistBelief's model parallelism, one replica split over `K`
+//!   partitions (tensor or pipeline split of a fully connected network): compute split `K`
+//!   ways plus the traffic across the partitions' boundaries, hence the speedup over one
+//!   partition.
+//!
 //! * [`host`]: the timings the ranks of a shared-host measurement send rank 0 (a wire format,
 //!   decoded as untrusted).
 //!
@@ -20,10 +25,12 @@
 
 pub mod collective;
 pub mod host;
+pub mod model_parallel;
 pub mod network;
 pub mod predict;
 
 pub use gradwire_engine::Strategy;
+pub use model_parallel::{mp_step, FcNet, MpConfig, MpStep, Split};
 pub use network::Network;
 pub use predict::{
     predict, step, CodecProfile, MeasuredStep, ModelProfile, Prediction, Scenario, StepBreakdown,
@@ -49,6 +56,34 @@ pub enum Error {
     /// A strategy the model does not cover (`quantized`, or an unresolved `auto`).
     #[error("strategy {0} is not modelled (resolve auto first; quantized is deprecated)")]
     Strategy(Strategy),
+    /// A network, or a batch, with nothing in it (`what`: `layers`, `width` or `batch`).
+    #[error("a model-parallel projection needs at least one {what}")]
+    EmptyNetwork {
+        /// Which dimension is zero.
+        what: &'static str,
+    },
+    /// More partitions than the split has pieces to give (tensor: the width's columns;
+    /// pipeline: the layers).
+    #[error("{split} split over {k} partitions: the model has only {max} pieces to split")]
+    TooManyPartitions {
+        /// The partitions asked for.
+        k: usize,
+        /// The split.
+        split: model_parallel::Split,
+        /// The most partitions it can use.
+        max: usize,
+    },
+    /// Micro-batches outside `1..=batch`.
+    #[error("{micro_batches} micro-batches of a batch of {batch}: use 1 to {batch}")]
+    MicroBatches {
+        /// The micro-batches asked for.
+        micro_batches: usize,
+        /// The batch.
+        batch: usize,
+    },
+    /// A split that is not `tensor` or `pipeline`.
+    #[error("unknown split {0:?} (tensor, pipeline)")]
+    UnknownSplit(String),
 }
 
 /// Checks that a cost is finite and non-negative.
