@@ -33,9 +33,20 @@
 //! are multiplied by `max(1, P / N)`. Efficiency stays relative to one worker with the
 //! machine to itself.
 //!
+//! `--model-parallel K,...` also projects DistBelief's model parallelism: one replica of a
+//! fully connected model of `--params` parameters in `--layers` layers, split over `K`
+//! partitions by `--mp-split` (tensor or pipeline, GPipe's `--micro-batches`), on each
+//! `--link` (`gradwire_sim::model_parallel`'s module doc has the model). Each partition runs at
+//! `--mp-gflops`, or by default at the rate of `--model`'s step measured here
+//! (`6 x parameters x batch / compute`).
+//!
 //! JSON (`--json FILE`): `{"results":[{"workers":64,"link":"10gbit","codec":"dgc:ratio=0.001",
 //! "step_s":0.21,"speedup":2.4,"efficiency":0.83}],"inputs":{...},"provenance":{...}}`;
-//! `inputs` holds every number the prediction used (model, codecs, networks).
+//! `inputs` holds every number the prediction used (model, codecs, networks). With
+//! `--model-parallel` also `"model_parallel":[{"params":1700000000,"layers":8,"width":14577,
+//! "k":8,"split":"tensor","link":"1gbit","step_s":2.1,"compute_s":1.6,"boundary_bytes":4.2e8,
+//! "comm_s":0.5,"speedup":6.2}]` and `"model_parallel_inputs":{"batch":64,"gflops":50.0,...}`
+//! (both absent without it).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -43,7 +54,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use gradwire_codec::{BuildContext, Codec, CodecConfig, Progress, SparseGrad, TensorInfo};
 use gradwire_engine::{Engine, EngineConfig, Strategy, TensorSpec};
-use gradwire_sim::{predict, step, CodecProfile, MeasuredStep, ModelProfile, Network, Scenario};
+use gradwire_sim::{
+    mp_step, predict, step, CodecProfile, FcNet, MeasuredStep, ModelProfile, MpConfig, Network,
+    Scenario, Split,
+};
 use gradwire_train::data::{Batch, DataShape, DatasetKind, ImageBatch};
 use gradwire_train::{Model, ModelKind};
 use gradwire_transport::link::LinkConfig;
@@ -86,7 +100,8 @@ pub struct SimulateArgs {
     /// Codec specs, separated by `;` or `,` (as `bench codecs --codecs`); `none` is dense.
     #[arg(long, default_value = "dgc:ratio=0.001")]
     pub codec: String,
-    /// Batch size per worker for the compute measurement.
+    /// Batch size per worker (one replica), for the compute measurement and the
+    /// model-parallel projection.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
     /// Compute per step in milliseconds, instead of measuring it.
@@ -116,6 +131,39 @@ pub struct SimulateArgs {
     /// Internal: run as one rank of a --host-cores step measurement (started by simulate).
     #[arg(long, hide = true)]
     pub host_worker: bool,
+    /// Also project model parallelism (DistBelief): one replica split over each of these
+    /// partition counts, comma-separated (default: off). Each row is the step of a fully
+    /// connected model of --params parameters in --layers layers on K partitions: compute / K
+    /// plus the traffic across the partitions' boundaries (`gradwire_sim::model_parallel`).
+    #[arg(long, value_delimiter = ',')]
+    pub model_parallel: Vec<usize>,
+    /// How --model-parallel splits the model, comma-separated for several: tensor (every
+    /// layer's matrix in K slices, Megatron-style: an all-reduce of the batch's activations
+    /// per layer pair forward and one backward) or pipeline (consecutive layers per
+    /// partition, GPipe: activations and their gradients across each boundary, the bubble of
+    /// --micro-batches).
+    #[arg(long, value_delimiter = ',', default_value = "tensor")]
+    pub mp_split: Vec<Split>,
+    /// GPipe micro-batches per step for --mp-split pipeline (1 to --batch).
+    #[arg(long, default_value_t = 8)]
+    pub micro_batches: usize,
+    /// Parameter counts of the fully connected models --model-parallel splits,
+    /// comma-separated (100M, 1.7B, 2e9).
+    #[arg(long, value_delimiter = ',', value_parser = param_count, default_value = "100M,1.7B")]
+    pub params: Vec<f64>,
+    /// Layers of the --params models, each of width sqrt(params / layers) (a pipeline
+    /// split uses at most this many partitions).
+    #[arg(long, default_value_t = 32)]
+    pub layers: usize,
+    /// Sustained GFLOP/s of one partition for --model-parallel (default: the rate of
+    /// --model's step on this machine, 6 x parameters x batch / compute per step).
+    #[arg(long)]
+    pub mp_gflops: Option<f64>,
+    /// For --model-parallel, the split dimension at which a partition's matrix products run
+    /// at half the machine's rate (a product split to d columns, or micro-batch rows, runs at
+    /// d / (d + this)); 0 models every product at full rate.
+    #[arg(long, default_value_t = 0.0)]
+    pub mp_half_dim: f64,
     /// Seed of the model, the batch and the stochastic codecs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -169,6 +217,49 @@ pub struct Inputs {
     pub host_steps: Vec<crate::simulate_host::HostStep>,
 }
 
+/// One model-parallel projection, as the JSON's `model_parallel` entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct MpRow {
+    /// The model's parameters, `layers x width²`.
+    pub params: u64,
+    /// Its layers.
+    pub layers: usize,
+    /// Its width.
+    pub width: usize,
+    /// Partitions the replica is split over.
+    pub k: usize,
+    /// `tensor` or `pipeline`.
+    pub split: Split,
+    /// The link spec as given.
+    pub link: String,
+    /// Predicted seconds per step of the replica.
+    pub step_s: f64,
+    /// The slowest partition's compute (with the pipeline's bubble).
+    pub compute_s: f64,
+    /// Bytes the partitions send one another per step, all together.
+    pub boundary_bytes: f64,
+    /// Boundary communication per step.
+    pub comm_s: f64,
+    /// One partition's step over this one.
+    pub speedup: f64,
+}
+
+/// What the model-parallel projection used besides the networks (in `inputs`).
+#[derive(Debug, Clone, Serialize)]
+pub struct MpInputs {
+    /// Examples per step of the replica.
+    pub batch: usize,
+    /// Sustained GFLOP/s of one partition.
+    pub gflops: f64,
+    /// Whether that rate is `--model`'s step measured here (false: `--mp-gflops`; with
+    /// `--compute-ms`, the rate that compute gives).
+    pub gflops_measured: bool,
+    /// GPipe micro-batches (pipeline rows).
+    pub micro_batches: usize,
+    /// The small-product half-rate dimension (0: off).
+    pub half_rate_dim: f64,
+}
+
 /// The JSON report.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimReport {
@@ -178,6 +269,80 @@ pub struct SimReport {
     pub inputs: Inputs,
     /// The version, revision and command that made the report.
     pub provenance: crate::records::Provenance,
+    /// With `--model-parallel`: one entry per (params, split, link, K).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_parallel: Option<Vec<MpRow>>,
+    /// With `--model-parallel`: the batch, rate and split options it used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_parallel_inputs: Option<MpInputs>,
+}
+
+/// A parameter count: a number with an optional decimal suffix, `K` (10³), `M` (10⁶) or `B`
+/// / `G` (10⁹): `100M`, `1.7B`, `2e9`.
+pub fn param_count(s: &str) -> std::result::Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() && !t.ends_with(['e', 'E']) => {
+            let scale = match c.to_ascii_uppercase() {
+                'K' => 1e3,
+                'M' => 1e6,
+                'B' | 'G' => 1e9,
+                _ => return Err(format!("unknown suffix '{c}' in '{s}' (use K, M, B)")),
+            };
+            (&t[..i], scale)
+        }
+        _ => (t, 1.0),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a parameter count (e.g. 100M, 1.7B)"))?;
+    let n = n * scale;
+    if n.is_finite() && n >= 1.0 {
+        Ok(n)
+    } else {
+        Err(format!("'{s}' is not a parameter count of at least 1"))
+    }
+}
+
+/// The models, splits and partition counts of `--model-parallel`, checked against the
+/// model before anything is measured (at a placeholder rate and link).
+fn model_parallel_plan(args: &SimulateArgs) -> Result<Vec<FcNet>> {
+    if args.model_parallel.is_empty() {
+        return Ok(Vec::new());
+    }
+    if args.params.is_empty() || args.mp_split.is_empty() {
+        bail!("--model-parallel needs --params and --mp-split");
+    }
+    if let Some(g) = args.mp_gflops {
+        if !(g.is_finite() && g > 0.0) {
+            bail!("--mp-gflops must be a positive number, got {g}");
+        }
+    }
+    let config = MpConfig {
+        micro_batches: args.micro_batches,
+        half_rate_dim: args.mp_half_dim,
+        ..MpConfig::new(args.batch, 1e9)
+    };
+    let net = Network::new(0.0, 0.0, 0.0)?;
+    let mut nets = Vec::new();
+    for &p in &args.params {
+        let fc = FcNet::from_params(p, args.layers)
+            .with_context(|| format!("--params {p} in --layers {}", args.layers))?;
+        for &split in &args.mp_split {
+            for &k in &args.model_parallel {
+                mp_step(&fc, split, k, &config, &net).with_context(|| {
+                    format!(
+                        "--model-parallel {k} of {} parameters ({} layers of {})",
+                        fc.params(),
+                        fc.layers,
+                        fc.width
+                    )
+                })?;
+            }
+        }
+        nets.push(fc);
+    }
+    Ok(nets)
 }
 
 /// Runs `gradwire simulate`.
@@ -210,6 +375,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         ),
     };
     let data = DataShape::Image { shape, classes: 10 };
+    let mp_nets = model_parallel_plan(args)?;
     if args.host_worker {
         let [(_, codec)]: [(String, CodecConfig); 1] = codecs
             .try_into()
@@ -391,6 +557,26 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         }
     }
     print_table(&profile, &rows, args.compute_ms.is_none());
+    let (model_parallel, model_parallel_inputs) = if mp_nets.is_empty() {
+        (None, None)
+    } else {
+        let flops = 6.0 * model.num_params() as f64 * args.batch as f64;
+        let gflops = match args.mp_gflops {
+            Some(g) => g,
+            None if profile.compute_s > 0.0 => flops / profile.compute_s / 1e9,
+            None => bail!("--compute-ms 0 gives no rate for --model-parallel: give --mp-gflops"),
+        };
+        let inputs = MpInputs {
+            batch: args.batch,
+            gflops,
+            gflops_measured: args.mp_gflops.is_none(),
+            micro_batches: args.micro_batches,
+            half_rate_dim: args.mp_half_dim,
+        };
+        let rows = model_parallel_rows(&mp_nets, args, &inputs, &networks)?;
+        print_mp_table(&rows, &inputs, args.compute_ms.is_some());
+        (Some(rows), Some(inputs))
+    };
     let report = SimReport {
         results,
         inputs: Inputs {
@@ -406,6 +592,8 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             host_steps,
         },
         provenance: crate::records::Provenance::current(),
+        model_parallel,
+        model_parallel_inputs,
     };
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
@@ -446,6 +634,99 @@ fn print_table(
             p.step.comm_s * 1e3,
             p.speedup,
             p.efficiency
+        );
+    }
+}
+
+/// One row per (model, split, link, K), in that nesting.
+fn model_parallel_rows(
+    nets: &[FcNet],
+    args: &SimulateArgs,
+    inputs: &MpInputs,
+    networks: &[(String, Network)],
+) -> Result<Vec<MpRow>> {
+    let config = MpConfig {
+        micro_batches: inputs.micro_batches,
+        half_rate_dim: inputs.half_rate_dim,
+        ..MpConfig::new(inputs.batch, inputs.gflops * 1e9)
+    };
+    let mut rows = Vec::new();
+    for fc in nets {
+        for &split in &args.mp_split {
+            for (link, net) in networks {
+                for &k in &args.model_parallel {
+                    let s = mp_step(fc, split, k, &config, net)?;
+                    rows.push(MpRow {
+                        params: fc.params() as u64,
+                        layers: fc.layers,
+                        width: fc.width,
+                        k,
+                        split,
+                        link: link.clone(),
+                        step_s: s.step_s,
+                        compute_s: s.compute_s,
+                        boundary_bytes: s.boundary_bytes,
+                        comm_s: s.comm_s,
+                        speedup: s.speedup,
+                    });
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// A parameter count as people write it: `100M`, `1.70B`.
+fn format_params(p: u64) -> String {
+    let p = p as f64;
+    if p >= 1e9 {
+        format!("{:.2}B", p / 1e9)
+    } else if p >= 1e6 {
+        format!("{:.0}M", p / 1e6)
+    } else {
+        format!("{p:.0}")
+    }
+}
+
+fn print_mp_table(rows: &[MpRow], inputs: &MpInputs, given_compute: bool) {
+    let source = match (inputs.gflops_measured, given_compute) {
+        (false, _) => "--mp-gflops",
+        (true, false) => "--model's step measured here",
+        (true, true) => "--model's --compute-ms",
+    };
+    println!(
+        "# model parallel: one replica of batch {} split over K partitions, {:.1} GFLOP/s \
+         each ({source}), {} micro-batches (pipeline), half-rate dim {}",
+        inputs.batch, inputs.gflops, inputs.micro_batches, inputs.half_rate_dim
+    );
+    println!(
+        "{:>7} {:>6} {:>6} {:<8} {:<14} {:>3} {:>11} {:>11} {:>10} {:>12} {:>8}",
+        "params",
+        "layers",
+        "width",
+        "split",
+        "link",
+        "K",
+        "step_ms",
+        "compute_ms",
+        "comm_ms",
+        "boundary_MB",
+        "speedup"
+    );
+    for r in rows {
+        println!(
+            "{:>7} {:>6} {:>6} {:<8} {:<14} {:>3} {:>11.1} {:>11.1} {:>10.1} {:>12.1} {:>8.2}",
+            format_params(r.params),
+            r.layers,
+            r.width,
+            r.split.name(),
+            r.link,
+            r.k,
+            r.step_s * 1e3,
+            r.compute_s * 1e3,
+            r.comm_s * 1e3,
+            r.boundary_bytes / 1e6,
+            r.speedup
         );
     }
 }
@@ -736,6 +1017,21 @@ fn one_way(mut ranks: Vec<Box<dyn Transport>>, bytes: usize, iters: usize) -> Re
 mod tests {
     use super::*;
     use gradwire_transport::link::Throttled;
+
+    #[test]
+    fn parameter_counts() {
+        assert_eq!(param_count("100M"), Ok(1e8));
+        assert_eq!(param_count("1.7B"), Ok(1.7e9));
+        assert_eq!(param_count("1.7g"), Ok(1.7e9));
+        assert_eq!(param_count("2e9"), Ok(2e9));
+        assert_eq!(param_count("42k"), Ok(42e3));
+        assert_eq!(param_count("12"), Ok(12.0));
+        for bad in ["", "M", "1.7X", "-5M", "0", "inf", "1e"] {
+            assert!(param_count(bad).is_err(), "{bad}");
+        }
+        assert_eq!(format_params(1_700_000_000), "1.70B");
+        assert_eq!(format_params(100_020_000), "100M");
+    }
 
     #[test]
     fn codec_profiles_measure_bytes_from_real_output() {
