@@ -86,6 +86,18 @@ pub enum Error {
     /// The engine refused a setting, or a synchronization failed (naming the rank).
     #[error("engine: {0}")]
     Engine(#[from] gradwire_engine::Error),
+    /// A partition of a model split over ranks (`model::partition`) died, stalled past the
+    /// transport's deadline or sent a malformed message: `partition` names it (this
+    /// partition's own index when the transport names no peer). When another partition saw
+    /// the failure first, `source` is [`gradwire_transport::Error::PeerFailed`] naming the
+    /// partition that reported it. The replica cannot go on; restart it.
+    #[error("model partition {partition} failed: {source}")]
+    PartitionLost {
+        /// The partition that failed.
+        partition: usize,
+        /// The transport's error, or the report of the partition that saw it.
+        source: gradwire_transport::Error,
+    },
     /// A parameter-server operation failed (naming the shard or the lost worker).
     #[error("parameter server: {0}")]
     Ps(#[from] gradwire_ps::Error),

@@ -25,9 +25,9 @@ use crate::data::{Batch, ImageBatch};
 use crate::error::{Error, Result};
 
 /// Kernel side of both convolutions.
-const K: usize = 5;
+pub(crate) const K: usize = 5;
 /// `K * K`.
-const KK: usize = K * K;
+pub(crate) const KK: usize = K * K;
 /// Output channels of conv1 and conv2.
 const C1: usize = 6;
 const C2: usize = 16;
@@ -184,13 +184,13 @@ impl Work {
 
 /// A row-major or strided matrix view: element `(i, j)` at `i * rs + j * cs`.
 #[derive(Clone, Copy)]
-struct Mat<'a> {
+pub(crate) struct Mat<'a> {
     data: &'a [f32],
     rs: usize,
     cs: usize,
 }
 
-fn mat(data: &[f32], rs: usize, cs: usize) -> Mat<'_> {
+pub(crate) fn mat(data: &[f32], rs: usize, cs: usize) -> Mat<'_> {
     Mat { data, rs, cs }
 }
 
@@ -209,7 +209,7 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
 /// # Panics
 /// When a view does not fit its slice (a bug in this module, not a data error).
 #[allow(clippy::too_many_arguments)]
-fn matmul(
+pub(crate) fn matmul(
     m: usize,
     n: usize,
     k: usize,
@@ -270,7 +270,7 @@ fn matmul(
 /// im2col of a zero-padded input: `x` is `[N, C, H, W]` (`img_stride` between samples,
 /// `chan_stride` between channels), `cols` becomes `[C*K*K, N*OH*OW]`.
 #[allow(clippy::too_many_arguments)]
-fn im2col(
+pub(crate) fn im2col(
     x: &[f32],
     n: usize,
     c: usize,
@@ -315,7 +315,7 @@ fn im2col(
 
 /// The adjoint of [`im2col`] without padding: adds `cols` `[C*K*K, N*OH*OW]` into `x`
 /// `[C, N, H, W]` (channel-major), which the caller zeroes first.
-fn col2im(
+pub(crate) fn col2im(
     cols: &[f32],
     n: usize,
     c: usize,
@@ -346,7 +346,7 @@ fn col2im(
 
 /// Fused bias + ReLU + 2x2/2 max pooling of `z` `[C, N, H, W]` (bias not yet added) into
 /// `p` `[C, N, H/2, W/2]`, with the winning position (0..4, row-major in the window).
-fn bias_relu_pool(
+pub(crate) fn bias_relu_pool(
     z: &[f32],
     bias: &[f32],
     n: usize,
@@ -382,7 +382,7 @@ fn bias_relu_pool(
 
 /// The backward pass of [`bias_relu_pool`]: `gz` `[C, N, H, W]` gets each pooled gradient
 /// at its window's winning position where the pooled output was positive, zero elsewhere.
-fn relu_pool_backward(
+pub(crate) fn relu_pool_backward(
     gp: &[f32],
     p: &[f32],
     arg: &[u8],
@@ -413,7 +413,7 @@ fn relu_pool_backward(
 /// of `n`: from its input `x` (`n x fan_in`) and the output gradient `gy` (`n x fan_out`),
 /// the weight gradient `x^T gy`, the bias gradient (column sums of `gy`) and the input
 /// gradient `gy w^T` (`n x fan_in`). `grads`: (weight gradient, bias gradient).
-fn linear_backward(
+pub(crate) fn linear_backward(
     n: usize,
     (fan_in, fan_out): (usize, usize),
     x: &[f32],
@@ -445,7 +445,7 @@ fn linear_backward(
     );
 }
 
-fn bias_relu(v: &mut [f32], bias: &[f32]) {
+pub(crate) fn bias_relu(v: &mut [f32], bias: &[f32]) {
     for row in v.chunks_exact_mut(bias.len()) {
         for (x, &b) in row.iter_mut().zip(bias) {
             *x = (*x + b).max(0.0);
@@ -454,7 +454,7 @@ fn bias_relu(v: &mut [f32], bias: &[f32]) {
 }
 
 /// Column sums of a row-major matrix with `out.len()` columns, into `out`.
-fn col_sums(m: &[f32], out: &mut [f32]) {
+pub(crate) fn col_sums(m: &[f32], out: &mut [f32]) {
     out.fill(0.0);
     for row in m.chunks_exact(out.len()) {
         for (o, &x) in out.iter_mut().zip(row) {
@@ -464,7 +464,7 @@ fn col_sums(m: &[f32], out: &mut [f32]) {
 }
 
 /// Zeroes the gradient `g` where the ReLU output `a` is not positive.
-fn relu_mask(g: &mut [f32], a: &[f32]) {
+pub(crate) fn relu_mask(g: &mut [f32], a: &[f32]) {
     for (g, &a) in g.iter_mut().zip(a) {
         if a <= 0.0 {
             *g = 0.0;
@@ -690,7 +690,7 @@ impl CpuLeNet {
 }
 
 /// Log-softmax of one row of logits into `out`.
-fn log_softmax_row(z: &[f32], out: &mut [f32]) {
+pub(crate) fn log_softmax_row(z: &[f32], out: &mut [f32]) {
     let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let s: f32 = z.iter().map(|&x| (x - m).exp()).sum();
     let lse = m + s.ln();

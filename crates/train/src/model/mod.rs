@@ -10,6 +10,7 @@ mod lenet;
 mod lstm;
 mod mlp;
 mod net;
+pub mod partition;
 
 pub use net::{flat_images, BurnModel, Net};
 mod resnet;
