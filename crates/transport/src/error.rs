@@ -157,6 +157,78 @@ pub enum Error {
         /// What was missing or malformed.
         reason: String,
     },
+    /// A call of a group's transport (made by [`crate::split`]) failed: `source` is the error
+    /// in the group's own numbering, and the message adds the group and the global rank of
+    /// the peer (its rank in the transport first split), as in "partition group 1: rank 0
+    /// (global rank 2): timed out after 2s during receive".
+    #[error("{}", in_group_message(.group, *.global_peer, *.global_reported_by, .source))]
+    InGroup {
+        /// The group's label ([`crate::split::Group::label`]).
+        group: String,
+        /// The global rank of the peer `source` names (its group rank is `source.peer()`).
+        global_peer: Option<usize>,
+        /// For [`Error::PeerFailed`]: the global rank of the rank that reported it.
+        global_reported_by: Option<usize>,
+        /// The error in the group's numbering.
+        source: Box<Error>,
+    },
+    /// A rank's message during a split was malformed or did not match this rank's call (it
+    /// called `split` a different number of times, or not at that point).
+    #[error("rank {peer}: bad split message: {source}")]
+    BadSplit {
+        /// The rank that sent it.
+        peer: usize,
+        /// What was wrong.
+        source: crate::split::offer::OfferError,
+    },
+    /// This transport cannot be split into groups ([`crate::split`]).
+    #[error("split is not supported on the {transport} transport")]
+    SplitUnsupported {
+        /// The transport's name.
+        transport: &'static str,
+    },
+    /// [`crate::split::grid`] was asked for a grid that is not the world's size.
+    #[error(
+        "a grid of {replicas} replicas x {partitions} partitions needs {} ranks, the world has \
+         {world_size}", .replicas.saturating_mul(*.partitions)
+    )]
+    BadGrid {
+        /// Ranks in the world.
+        world_size: usize,
+        /// Replicas asked for.
+        replicas: usize,
+        /// Partitions per replica asked for.
+        partitions: usize,
+    },
+}
+
+/// The message of [`Error::InGroup`]: the group, then the peer by group and global rank.
+fn in_group_message(
+    group: &str,
+    global_peer: Option<usize>,
+    global_reported_by: Option<usize>,
+    source: &Error,
+) -> String {
+    let with_global = |r: usize, g: Option<usize>| match g {
+        Some(g) => format!("rank {r} (global rank {g})"),
+        None => format!("rank {r}"),
+    };
+    match (source, source.peer()) {
+        (Error::PeerFailed { peer, reported_by }, _) => format!(
+            "{group}: {} failed (reported by {})",
+            with_global(*peer, global_peer),
+            with_global(*reported_by, global_reported_by)
+        ),
+        (e, Some(p)) => {
+            let text = e.to_string();
+            let named = with_global(p, global_peer);
+            match text.strip_prefix(&format!("rank {p}: ")) {
+                Some(rest) => format!("{group}: {named}: {rest}"),
+                None => format!("{group}: {named}: {text}"),
+            }
+        }
+        (e, None) => format!("{group}: {e}"),
+    }
 }
 
 impl Error {
@@ -173,11 +245,42 @@ impl Error {
             | Error::PeerDied { peer, .. }
             | Error::BadRing { peer, .. } => Some(*peer),
             Error::Mpi { peer, .. } => *peer,
+            Error::BadSplit { peer, .. } => Some(*peer),
+            Error::InGroup { source, .. } => source.peer(),
             Error::InvalidRank { .. }
+            | Error::SplitUnsupported { .. }
+            | Error::BadGrid { .. }
             | Error::Rendezvous { .. }
             | Error::Misuse { .. }
             | Error::NoToken { .. }
             | Error::Env { .. } => None,
+        }
+    }
+
+    /// The global rank of the peer this error concerns: for an error of a group's transport
+    /// ([`Error::InGroup`]) the peer's rank in the transport first split, otherwise
+    /// [`Error::peer`].
+    pub fn global_peer(&self) -> Option<usize> {
+        match self {
+            Error::InGroup { global_peer, .. } => *global_peer,
+            e => e.peer(),
+        }
+    }
+
+    /// The group an error of a group's transport happened in ([`Error::InGroup`]).
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Error::InGroup { group, .. } => Some(group),
+            _ => None,
+        }
+    }
+
+    /// The error without its group: the source of [`Error::InGroup`], in the group's
+    /// numbering, otherwise the error itself (to match on what happened).
+    pub fn ungrouped(&self) -> &Error {
+        match self {
+            Error::InGroup { source, .. } => source.ungrouped(),
+            e => e,
         }
     }
 
@@ -236,7 +339,25 @@ impl Error {
                 code,
                 message,
             },
+            Error::BadSplit { peer, source } => Error::BadSplit {
+                peer: f(peer),
+                source,
+            },
+            // Global ranks stay as they are: they number the world, not the caller's view.
+            Error::InGroup {
+                group,
+                global_peer,
+                global_reported_by,
+                source,
+            } => Error::InGroup {
+                group,
+                global_peer,
+                global_reported_by,
+                source: Box::new(source.map_ranks(f)),
+            },
             e @ (Error::InvalidRank { .. }
+            | Error::SplitUnsupported { .. }
+            | Error::BadGrid { .. }
             | Error::Rendezvous { .. }
             | Error::Misuse { .. }
             | Error::NoToken { .. }

@@ -8,7 +8,9 @@
 //! Implementations: [`local`] (ranks as threads of one process, for tests and single-process
 //! use) and [`tcp`] (a full mesh over TCP with rendezvous at rank 0 and a shared-token
 //! handshake), and `shm` (ranks of one host through shared-memory rings).
-//! [`link::Throttled`] wraps any of them to emulate a slower network.
+//! [`link::Throttled`] wraps any of them to emulate a slower network. [`split`] makes groups
+//! of ranks with transports of their own (`MPI_Comm_split`; [`split::grid`] for the replica
+//! and partition groups of model parallelism).
 //! With feature `mpi`, `mpi::Mpi` runs each rank as one process of an MPI job: start it with
 //! `mpirun -np N prog` or `srun -n N prog` and call `Mpi::from_env()` (see the `mpi` module).
 //!
@@ -37,6 +39,7 @@ pub mod local;
 pub mod mpi;
 #[cfg(unix)]
 pub mod shm;
+pub mod split;
 pub mod tcp;
 
 pub use error::{Error, Op, Result};
@@ -127,6 +130,12 @@ pub trait Transport: Send {
     /// The split form of [`Transport::send_recv_into`], if this transport has one (see
     /// [`SplitStep`]); `None`, the default, makes callers use `send_recv_into`.
     fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
+        None
+    }
+
+    /// This transport as one that can be split into groups ([`split::Split`]), if it can;
+    /// `None`, the default, makes [`split::split`] answer [`Error::SplitUnsupported`].
+    fn splitter(&mut self) -> Option<&mut dyn split::Split> {
         None
     }
 }
@@ -233,6 +242,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
         (**self).split_step()
+    }
+    fn splitter(&mut self) -> Option<&mut dyn split::Split> {
+        (**self).splitter()
     }
 }
 

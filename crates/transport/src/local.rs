@@ -4,11 +4,23 @@
 //! `send_recv` cannot deadlock; received buffers travel back to their sender for reuse, so a
 //! steady state allocates nothing. A rank that is dropped closes its channels: its peers get
 //! [`Error::PeerClosed`] naming it, and a stalled one gives [`Error::Timeout`].
+//!
+//! A world splits ([`crate::split::Split`]): after the ranks agree on the groups over the
+//! world's channels, group rank 0 builds an in-process world of the group's size and hands
+//! each member its end through the world's hand-off channels.
 
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
+use crate::split::{self, Group, Split};
 use crate::{Error, Op, Result, SplitStep, Transport, DEFAULT_TIMEOUT};
+
+/// A group's end handed to a member by the group's rank 0.
+struct Handoff {
+    seq: u32,
+    color: u32,
+    end: Local,
+}
 
 /// One rank of an in-process world (see [`Local::world`]).
 pub struct Local {
@@ -26,13 +38,22 @@ pub struct Local {
     spare_back: Vec<Option<Sender<Vec<u8>>>>,
     /// The rank a posted [`SplitStep`] receives from.
     posted_from: Option<usize>,
+    /// Splits of this world so far.
+    splits: u32,
+    /// `handoff[p]`: hands rank p its end of a group.
+    handoff: Vec<Sender<Handoff>>,
+    /// Ends of groups handed to this rank.
+    inbox: Receiver<Handoff>,
 }
 
 impl Local {
     /// Builds a world of `n` ranks; move each into its own thread.
     pub fn world(n: usize) -> Vec<Local> {
-        let mut ranks: Vec<Local> = (0..n)
-            .map(|rank| Local {
+        let (handoff, inboxes): (Vec<_>, Vec<_>) = (0..n).map(|_| channel()).unzip();
+        let mut ranks: Vec<Local> = inboxes
+            .into_iter()
+            .enumerate()
+            .map(|(rank, inbox)| Local {
                 rank,
                 world_size: n,
                 timeout: DEFAULT_TIMEOUT,
@@ -42,6 +63,9 @@ impl Local {
                 spare_out: (0..n).map(|_| None).collect(),
                 spare_back: (0..n).map(|_| None).collect(),
                 posted_from: None,
+                splits: 0,
+                handoff: handoff.clone(),
+                inbox,
             })
             .collect();
         for a in 0..n {
@@ -160,6 +184,56 @@ impl Transport for Local {
 
     fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
         Some(self)
+    }
+
+    fn splitter(&mut self) -> Option<&mut dyn Split> {
+        Some(self)
+    }
+}
+
+impl Split for Local {
+    fn split(&mut self, color: u32, key: u32) -> Result<Group> {
+        let seq = self.splits;
+        self.splits += 1;
+        let plan = split::agree(self, seq, color, key)?;
+        let m = plan.members.len();
+        let wrap = |end: Local| Group::new(Box::new(end), plan.color, plan.members.clone());
+        if plan.rank == 0 {
+            let mut ends = Local::world(m);
+            for e in &mut ends {
+                e.timeout = self.timeout;
+            }
+            let mut ends = ends.into_iter();
+            let mine = ends.next().expect("a group has rank 0");
+            for (g, end) in ends.enumerate().map(|(i, e)| (i + 1, e)) {
+                let to = plan.members[g];
+                let sent = self.handoff[to].send(Handoff { seq, color, end });
+                if sent.is_err() {
+                    return Err(plan.name_error(Error::PeerClosed {
+                        peer: g,
+                        op: Op::Send,
+                    }));
+                }
+            }
+            return Ok(wrap(mine));
+        }
+        let timeout = self.timeout;
+        let failed = |e: Error| plan.name_error(e);
+        match self.inbox.recv_timeout(timeout) {
+            Ok(h) if h.seq == seq && h.color == color && h.end.rank == plan.rank => Ok(wrap(h.end)),
+            Ok(_) => Err(failed(Error::Misuse {
+                what: "a group's end from another split arrived (splits out of step)",
+            })),
+            Err(RecvTimeoutError::Timeout) => Err(failed(Error::Timeout {
+                peer: 0,
+                op: Op::Connect,
+                after: timeout,
+            })),
+            Err(RecvTimeoutError::Disconnected) => Err(failed(Error::PeerClosed {
+                peer: 0,
+                op: Op::Connect,
+            })),
+        }
     }
 }
 

@@ -20,7 +20,9 @@
 //! unless [`TcpConfig::insecure`] (`GRADWIRE_INSECURE=1`); on loopback it runs with one
 //! warning line.
 //!
-//! Modules: `rendezvous` (address table exchange), [`auth`] (the handshake's messages and
+//! A mesh splits into groups with meshes of their own ([`crate::split`]; `tcp::split`).
+//!
+//! Modules: `rendezvous` (address table exchange), `split` (a group's mesh), [`auth`] (the handshake's messages and
 //! proofs as state machines), `handshake` (them over sockets, and the concurrent accepting
 //! gate), `refusals` (the rate-limited log of dropped connections), `duplex` (the data path),
 //! `sys` (system calls and socket options), [`frame`] (every wire format, pure and fuzzed).
@@ -54,6 +56,7 @@ mod handshake;
 mod refusals;
 mod rendezvous;
 pub mod service;
+mod split;
 mod sys;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -164,6 +167,8 @@ pub struct Tcp {
     posted: Option<duplex::Posted>,
     /// How long a waiting receive spins before `poll(2)`.
     spin: Duration,
+    /// What a split needs to form a group's mesh (see [`crate::split`]).
+    split: split::SplitBase,
 }
 
 impl Tcp {
@@ -181,7 +186,13 @@ impl Tcp {
         }
     }
 
-    fn finish(cfg: &TcpConfig, peers: Vec<Option<TcpStream>>) -> Result<Tcp> {
+    /// The transport over a formed mesh; `identity` binds its connections (the job's and
+    /// the mesh's digests; a group's derives from it).
+    fn finish(
+        cfg: &TcpConfig,
+        peers: Vec<Option<TcpStream>>,
+        identity: [u8; frame::JOB_LEN],
+    ) -> Result<Tcp> {
         for (r, p) in peers.iter().enumerate() {
             if let Some(s) = p {
                 let io = |e| Error::Io {
@@ -209,6 +220,7 @@ impl Tcp {
             partial_send: None,
             posted: None,
             spin: cfg.spin,
+            split: split::SplitBase::new(cfg, identity),
         })
     }
 
@@ -287,6 +299,10 @@ impl Transport for Tcp {
     }
 
     fn split_step(&mut self) -> Option<&mut dyn SplitStep> {
+        Some(self)
+    }
+
+    fn splitter(&mut self) -> Option<&mut dyn crate::split::Split> {
         Some(self)
     }
 }

@@ -382,6 +382,20 @@ impl Transport for Shm {
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent
     }
+
+    fn splitter(&mut self) -> Option<&mut dyn crate::split::Split> {
+        Some(self)
+    }
+}
+
+/// Shared memory does not split: its rings are made once for the whole job at setup. A
+/// group of ranks on one host can use [`crate::local`] (threads) or a TCP group instead.
+impl crate::split::Split for Shm {
+    fn split(&mut self, _color: u32, _key: u32) -> Result<crate::split::Group> {
+        Err(Error::SplitUnsupported {
+            transport: "shared-memory (shm)",
+        })
+    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,8 @@
 //! id; with rank 0's random mesh identity mixed in, [`join_digest`], between two ranks other
 //! than rank 0). The accepting side refuses a hello of another job before it answers, and
 //! the MACs cover the digest, so a rank of an earlier job with the same token and port cannot
-//! take a place in this one.
+//! take a place in this one. A group's mesh (a split) binds its connections to
+//! [`split_digest`], derived from the parent mesh's, so a rank of one group cannot join another.
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -61,6 +62,27 @@ pub fn join_digest(job: &[u8; JOB_LEN], mesh: &[u8; NONCE_LEN]) -> [u8; JOB_LEN]
     h.update(b"gradwire mesh\0");
     h.update(job);
     h.update(mesh);
+    first_bytes(&h.finalize())
+}
+
+/// The digest that binds a connection of a group's mesh (made by a split,
+/// [`crate::split`]): the parent mesh's identity, which split of it this is (`seq`), the
+/// group's color and its members (parent ranks in group order). A rank of another group,
+/// another split or another job therefore presents another digest and is refused.
+pub fn split_digest(
+    parent: &[u8; JOB_LEN],
+    seq: u32,
+    color: u32,
+    members: &[usize],
+) -> [u8; JOB_LEN] {
+    let mut h = Sha256::new();
+    h.update(b"gradwire split\0");
+    h.update(parent);
+    h.update(seq.to_le_bytes());
+    h.update(color.to_le_bytes());
+    for m in members {
+        h.update((*m as u64).to_le_bytes());
+    }
     first_bytes(&h.finalize())
 }
 

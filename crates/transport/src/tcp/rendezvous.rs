@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::auth::{job_digest, join_digest};
 use super::frame::{
     decode_mesh, decode_table, encode_mesh, encode_table, table_len, Hello, HelloKind, JOB_LEN,
-    MESH_LEN,
+    MESH_LEN, NONCE_LEN,
 };
 use super::handshake::{self, ConnectFailure, Gate};
 use super::sys::{connect_before, read_exact_before};
@@ -64,7 +64,8 @@ impl Tcp {
             .into_iter()
             .map(|a| a.expect("all ranks joined"))
             .collect();
-        let mut reply = encode_mesh(&rand::random()).to_vec();
+        let mesh: [u8; NONCE_LEN] = rand::random();
+        let mut reply = encode_mesh(&mesh).to_vec();
         reply.extend_from_slice(&encode_table(&addrs));
         for (r, p) in peers.iter_mut().enumerate() {
             if let Some(s) = p {
@@ -75,14 +76,13 @@ impl Tcp {
                 })?;
             }
         }
-        Self::finish(cfg, peers)
+        Self::finish(cfg, peers, join_digest(&job, &mesh))
     }
 
     pub(super) fn connect_other(cfg: &TcpConfig) -> Result<Tcp> {
         check_cfg(cfg)?;
         let n = cfg.world_size;
         let deadline = Instant::now() + cfg.timeout;
-        let token = cfg.token.as_bytes();
         // Our own listener, on the interface that reaches rank 0, port 0.
         let first = connect_before(cfg.master, deadline, 0)?;
         let local_ip = first
@@ -130,39 +130,64 @@ impl Tcp {
         let joined = join_digest(&job, &mesh);
         let mut peers: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
         peers[0] = Some(master);
-        // Connect to lower ranks > 0.
-        for (r, addr) in addrs.iter().enumerate().take(cfg.rank).skip(1) {
-            let join = Hello {
-                kind: HelloKind::Join,
-                port: 0,
-                job: joined,
-                ..hello.clone()
-            };
+        join_mesh(cfg, &listener, &addrs, &joined, &mut peers, deadline)?;
+        Self::finish(cfg, peers, joined)
+    }
+}
+
+/// The mesh among ranks that know each other's listening addresses (`addrs`): connects to
+/// every lower rank that `peers` lacks, then accepts every higher rank on `listener`, each
+/// connection running the handshake bound to `identity` (a join hello).
+pub(super) fn join_mesh(
+    cfg: &TcpConfig,
+    listener: &TcpListener,
+    addrs: &[SocketAddr],
+    identity: &[u8; JOB_LEN],
+    peers: &mut [Option<TcpStream>],
+    deadline: Instant,
+) -> Result<()> {
+    let n = cfg.world_size;
+    let join = Hello {
+        kind: HelloKind::Join,
+        rank: cfg.rank as u32,
+        world_size: n as u32,
+        port: 0,
+        nonce: [0; 16],
+        job: *identity,
+    };
+    // Connect to lower ranks.
+    for (r, addr) in addrs.iter().enumerate().take(cfg.rank) {
+        if peers[r].is_none() {
             peers[r] = Some(connect_authenticated(cfg, *addr, r, &join, deadline, None)?);
         }
-        // Accept higher ranks.
-        let mut gate = Gate::new(&listener, token, cfg.rank as u32, cfg.handshake_limit())
-            .map_err(|e| rendezvous(format!("listener: {e}")))?;
-        let mut missing = n - 1 - cfg.rank;
-        while missing > 0 {
-            let admitted = gate
-                .next(deadline, |h| {
-                    check_hello(h, cfg, HelloKind::Join, &joined, &peers)
-                })
-                .map_err(|e| rendezvous(format!("accept: {e}")))?;
-            let Some(a) = admitted else {
-                return Err(rendezvous(format!(
-                    "rank(s) {} did not connect to rank {} within {:?}",
-                    absent(&peers, cfg.rank + 1),
-                    cfg.rank,
-                    cfg.timeout
-                )));
-            };
-            peers[a.hello.rank as usize] = Some(a.stream);
-            missing -= 1;
-        }
-        Self::finish(cfg, peers)
     }
+    // Accept higher ranks.
+    let mut gate = Gate::new(
+        listener,
+        cfg.token.as_bytes(),
+        cfg.rank as u32,
+        cfg.handshake_limit(),
+    )
+    .map_err(|e| rendezvous(format!("listener: {e}")))?;
+    let mut missing = n - 1 - cfg.rank;
+    while missing > 0 {
+        let admitted = gate
+            .next(deadline, |h| {
+                check_hello(h, cfg, HelloKind::Join, identity, peers)
+            })
+            .map_err(|e| rendezvous(format!("accept: {e}")))?;
+        let Some(a) = admitted else {
+            return Err(rendezvous(format!(
+                "rank(s) {} did not connect to rank {} within {:?}",
+                absent(peers, cfg.rank + 1),
+                cfg.rank,
+                cfg.timeout
+            )));
+        };
+        peers[a.hello.rank as usize] = Some(a.stream);
+        missing -= 1;
+    }
+    Ok(())
 }
 
 /// Ranks from `from` on that have no connection yet, as "2, 5".
