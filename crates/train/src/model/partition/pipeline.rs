@@ -238,7 +238,6 @@ impl Pipeline {
     /// Forward pass of the `n` samples of `range` through this partition's layers into
     /// `slot`: the input comes from the images (first partition) or the partition before;
     /// the output goes to the next partition unless this is the last.
-    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         pixels: &[f32],

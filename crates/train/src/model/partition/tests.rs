@@ -535,3 +535,25 @@ fn a_malformed_message_is_a_typed_error_naming_its_sender() {
         assert_eq!(lost(r), 1, "{garbage:?}");
     }
 }
+
+#[test]
+fn partition_plan_prints_every_partition_and_exchange() {
+    let s = spec(
+        "lenet",
+        lenet_images(),
+        Split::Pipeline { micro_batches: 2 },
+        3,
+    );
+    let plan = s.plan(64).unwrap();
+    let text = plan.to_string();
+    for needle in [
+        "model lenet split pipeline:micro_batches=2 over 3 partitions (batch 64)",
+        "partition 2: 18814 parameters",
+        "conv1 output             0 -> 1",
+        "loss                     2 -> all",
+        "conv1 output gradient    1 -> 0",
+        "total 224.0 KiB per step",
+    ] {
+        assert!(text.contains(needle), "{needle:?} in\n{text}");
+    }
+}
