@@ -23,7 +23,10 @@ COMMANDS = [
     ("ps serve", "ps.rs", "ServeArgs"),
     ("simulate", "simulate.rs", "SimulateArgs"),
 ]
-FLATTEN = {"crate::train_ps::PsArgs": ("train_ps.rs", "PsArgs")}
+FLATTEN = {
+    "crate::train_ps::PsArgs": ("train_ps.rs", "PsArgs"),
+    "crate::train_parallel::ModelParallelArgs": ("train_parallel.rs", "ModelParallelArgs"),
+}
 
 
 def consts():

@@ -136,6 +136,10 @@ pub struct RunRecord {
     /// What `--codec auto` chose per tensor, with every candidate's predicted time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codec_choice: Option<serde_json::Value>,
+    /// The partition plan of a model-parallel run (`--model-parallel`): which partition
+    /// holds which tensors, and the bytes crossing the boundaries per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_parallel: Option<serde_json::Value>,
 }
 
 impl RunRecord {
@@ -288,6 +292,7 @@ pub(crate) mod tests {
             engine: None,
             link: None,
             codec_choice: None,
+            model_parallel: None,
         }
     }
 

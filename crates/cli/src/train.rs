@@ -177,6 +177,9 @@ pub struct TrainArgs {
     /// Parameter-server settings.
     #[command(flatten)]
     pub ps: crate::train_ps::PsArgs,
+    /// Model-parallel settings.
+    #[command(flatten)]
+    pub mp: crate::train_parallel::ModelParallelArgs,
 }
 
 /// The same settings as read from a TOML file (parsed with the same rules as the flags).
@@ -230,8 +233,11 @@ pub struct Plan {
     pub model: ModelKind,
     /// The data set.
     pub dataset: DatasetKind,
-    /// Worker count.
+    /// Ranks: data-parallel workers, times the partitions per replica under model
+    /// parallelism.
     pub workers: usize,
+    /// Model parallelism: each replica split over this many ranks, if asked for.
+    pub model_parallel: Option<crate::train_parallel::ModelParallel>,
     /// The codec spec (canonical).
     pub codec: CodecConfig,
     /// Reduction strategy of tensors no rule matches.
@@ -318,6 +324,7 @@ impl Plan {
                 .codec_choice
                 .as_ref()
                 .and_then(|c| serde_json::to_value(c).ok()),
+            model_parallel: None,
         }
     }
 }
@@ -375,7 +382,10 @@ impl TrainArgs {
                 })
             }
         };
-        let asked = self.workers.or(file.workers);
+        let model_parallel = crate::train_parallel::ModelParallel::from_args(&self.mp, model)?;
+        let k = model_parallel.map_or(1, |m| m.partitions);
+        // Under model parallelism --workers counts replicas, each of K ranks.
+        let asked = self.workers.or(file.workers).map(|w| w.saturating_mul(k));
         let workers = match host.launched {
             Some((world, _)) => {
                 if let Some(w) = asked.filter(|&w| w != world) {
@@ -383,10 +393,13 @@ impl TrainArgs {
                 }
                 world
             }
-            None => asked.unwrap_or(1),
+            None => asked.unwrap_or(k),
         };
         if workers == 0 || (host.launched.is_none() && workers > 64) {
-            bail!("--workers must be between 1 and 64");
+            bail!("--workers must be between 1 and 64 (ranks in all under --model-parallel)");
+        }
+        if let Some(mp) = &model_parallel {
+            mp.replicas(workers)?;
         }
         let dense = CodecConfig::None(gradwire_codec::CastConfig::default());
         let codec_arg = match &self.codec {
@@ -512,6 +525,7 @@ impl TrainArgs {
             model,
             dataset,
             workers,
+            model_parallel,
             codec,
             sync,
             rules,
@@ -551,6 +565,9 @@ impl TrainArgs {
             if plan.train.overlap_steps != 0 {
                 bail!("--checkpoint-every and --resume need synchronous steps (--overlap-steps 0)");
             }
+        }
+        if let Some(mp) = &plan.model_parallel {
+            crate::train_parallel::check_plan(mp, &plan, ps_mode.is_some(), auto)?;
         }
         if auto {
             if ps_mode.is_some() {
@@ -686,18 +703,48 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// Trains on one rank, behind the emulated link when the plan has one.
-fn run_linked<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()> {
+/// Trains on one rank, behind the emulated link when the plan has one. Under model
+/// parallelism the world first splits into this rank's replica and partition group (both
+/// behind the link), and stays open, unused, until the run ends.
+fn run_linked<T: Transport + 'static>(mut t: T, plan: &Plan, quiet: bool) -> Result<()> {
+    if let Some(mp) = &plan.model_parallel {
+        let crate::train_parallel::RankGroups {
+            index,
+            replica,
+            group,
+        } = mp.split_world(&mut t)?;
+        let (replica, group): (Box<dyn Transport>, Box<dyn Transport>) = match &plan.link {
+            Some(cfg) => (
+                Box::new(Throttled::new(replica, cfg)),
+                Box::new(Throttled::new(group, cfg)),
+            ),
+            None => (replica, group),
+        };
+        let kept = run_rank(group, plan, quiet, Some((index, replica)))?;
+        if let Some(path) = &plan.save_params {
+            crate::train_parallel::save_whole(&mut t, mp, plan, kept, path)?;
+        }
+        return Ok(());
+    }
     match &plan.link {
-        Some(cfg) => run_rank(Throttled::new(t, cfg), plan, quiet),
-        None => run_rank(t, plan, quiet),
+        Some(cfg) => run_rank(Throttled::new(t, cfg), plan, quiet, None).map(drop),
+        None => run_rank(t, plan, quiet, None).map(drop),
     }
 }
 
-/// Trains on one rank; rank 0 reports.
-fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()> {
+/// Trains on one rank over `t`; rank 0 reports. With `partition` (model parallelism: this
+/// rank's partition index and its replica's transport), `t` is the partition group and the
+/// model is that partition of the whole; partition 0 of replica 0 reports, and replica 0's
+/// partitions return their final parameters when the plan saves them.
+fn run_rank<T: Transport + 'static>(
+    t: T,
+    plan: &Plan,
+    quiet: bool,
+    partition: Option<(usize, Box<dyn Transport>)>,
+) -> Result<Option<Vec<f32>>> {
     gradwire_train::init_threads(plan.threads);
     let (rank, world) = (t.rank(), t.world_size());
+    let part_index = partition.as_ref().map(|(j, _)| *j);
     let resume = match &plan.resume {
         Some(dir) => Some(crate::train_checkpoint::load(dir, plan, rank, world)?),
         None => None,
@@ -706,7 +753,12 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         .dataset
         .load(&plan.data, plan.seq_len)
         .with_context(|| format!("rank {rank}: loading {}", plan.dataset.name()))?;
-    let model = plan.model.build(data.shape(), plan.train.seed)?;
+    let model = match (partition, &plan.model_parallel) {
+        (Some((j, replica)), Some(mp)) => {
+            crate::train_parallel::build(mp, plan.model, data.shape(), plan.train.seed, j, replica)?
+        }
+        _ => plan.model.build(data.shape(), plan.train.seed)?,
+    };
     // The engine's schedules (DGC's warm-up in epochs) need at least one step per epoch.
     let steps_guess = gradwire_train::steps_per_epoch(data.train.len(), world, &plan.train).max(1);
     let engine = EngineConfig {
@@ -723,7 +775,11 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         fusion_bytes: plan.fusion_bytes,
         seed: plan.train.seed,
         timeline: plan.timeline.is_some(),
-        hosts: crate::hier::engine_hosts(rank, world)?,
+        // The host hierarchy is the world's; a partition group's ranks are spread over it.
+        hosts: match part_index {
+            None => crate::hier::engine_hosts(rank, world)?,
+            Some(_) => None,
+        },
         ..EngineConfig::default()
     };
     let sync = EngineSync::new(t, engine, &model.tensors(), steps_guess)
@@ -736,10 +792,17 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         crate::train_checkpoint::agree(&mut trainer, ck.global_step)?;
     }
     let steps = trainer.steps_per_epoch(data.train.len());
-    let reporting = rank == 0;
+    let reporting = rank == 0 && part_index.unwrap_or(0) == 0;
     if reporting {
+        let workers = match &plan.model_parallel {
+            Some(mp) => format!(
+                "{world} replica(s) x {} partitions ({})",
+                mp.partitions, mp.split
+            ),
+            None => format!("{world} worker(s)"),
+        };
         eprintln!(
-            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), codec {}{}, {} steps/epoch x {} epochs, batch {} per worker",
+            "gradwire train: {} on {} ({} train / {} held out), {workers}, codec {}{}, {} steps/epoch x {} epochs, batch {} per worker",
             plan.model,
             plan.dataset.name(),
             data.train.len(),
@@ -759,6 +822,14 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         }
     }
     let mut run = plan.run_record(world, steps);
+    if let (Some(mp), true) = (&plan.model_parallel, reporting) {
+        let split = mp
+            .spec(plan.model, data.shape(), plan.train.seed)
+            .plan(plan.train.batch_size)?;
+        eprintln!("gradwire train: partition plan\n{split}");
+        run.workers = plan.workers;
+        run.model_parallel = Some(serde_json::to_value(&split)?);
+    }
     if reporting {
         // A resumed run's metrics continue the finished epochs' lines (read before
         // metrics.jsonl is started afresh: --out may be the resumed folder).
@@ -853,8 +924,11 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
             ckpt_s * 1e3 / f64::from(ckpt_n)
         );
     }
-    if let (Some(p), 0) = (&plan.save_params, rank) {
-        crate::train_ps::save_params(p, trainer.params())?;
+    let mut kept = None;
+    match (&plan.save_params, rank, part_index) {
+        (Some(p), 0, None) => crate::train_ps::save_params(p, trainer.params())?,
+        (Some(_), 0, Some(_)) => kept = Some(trainer.params().to_vec()),
+        _ => {}
     }
     let (_, mut sync) = trainer.into_parts();
     let stats = sync.stats();
@@ -906,7 +980,7 @@ fn run_rank<T: Transport + 'static>(t: T, plan: &Plan, quiet: bool) -> Result<()
         eprintln!("gradwire train: wrote {}", plan.out.display());
     }
     sync.shutdown()?;
-    Ok(())
+    Ok(kept)
 }
 
 /// `FILE` with `.rankN` before its extension (`trace.json` -> `trace.rank2.json`).
