@@ -145,4 +145,59 @@ mod tests {
         let big = vec![0u8; MAX_PAYLOAD + 1];
         assert!(Offer { payload: &big, ..o }.encode().is_none());
     }
+
+    /// What the `split_offer` fuzz target asserts of any input: decoding never panics, and
+    /// an accepted offer encodes back to the same bytes.
+    fn check(bytes: &[u8]) {
+        if let Ok(o) = Offer::decode(bytes) {
+            assert!(o.payload.len() <= MAX_PAYLOAD);
+            let again = o.encode().expect("a decoded payload fits an offer");
+            assert_eq!(again, bytes);
+            assert_eq!(Offer::decode(&again), Ok(o));
+        }
+    }
+
+    /// A cheap stand-in for the fuzz target: truncations and single-byte mutations of valid
+    /// offers (with payloads of 0, 23 and `MAX_PAYLOAD` bytes), then random byte strings,
+    /// half of them with the right magic and a length field that matches.
+    #[test]
+    fn mutations_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for len in [0, 23, MAX_PAYLOAD] {
+            let payload: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            let good = Offer {
+                seq: rng.gen(),
+                color: rng.gen(),
+                key: rng.gen(),
+                payload: &payload,
+            }
+            .encode()
+            .unwrap();
+            check(&good);
+            for cut in 0..good.len() {
+                check(&good[..cut]);
+            }
+            for i in 0..good.len().min(OFFER_HEADER_LEN + 4) {
+                for v in [0u8, 1, 0x7F, 0x80, 0xFF] {
+                    let mut c = good.clone();
+                    c[i] = v;
+                    check(&c);
+                }
+            }
+        }
+        let mut accepted = 0;
+        for _ in 0..2_000 {
+            let n = rng.gen_range(0..OFFER_HEADER_LEN + MAX_PAYLOAD + 8);
+            let mut c: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            if n >= OFFER_HEADER_LEN && rng.gen_bool(0.5) {
+                c[..4].copy_from_slice(&MAGIC_OFFER.to_le_bytes());
+                let announced = (n - OFFER_HEADER_LEN) as u16;
+                c[16..18].copy_from_slice(&announced.to_le_bytes());
+            }
+            accepted += usize::from(Offer::decode(&c).is_ok());
+            check(&c);
+        }
+        assert!(accepted > 0, "no random offer was well formed");
+    }
 }
