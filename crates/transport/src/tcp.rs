@@ -547,6 +547,50 @@ mod tests {
         );
     }
 
+    /// A rank whose send completed and whose receive then met a dead peer still tells the
+    /// peer it sent to which rank died: rank 0 sends to rank 1 and receives from the dead
+    /// rank 2 in one call; rank 1, receiving from rank 0, learns that rank 2 failed (not that
+    /// rank 0 closed).
+    #[test]
+    fn failure_after_a_whole_send_is_reported_to_its_receiver() {
+        let world = loopback_world(3).unwrap();
+        let got = run(world, |mut t| {
+            t.set_timeout(Duration::from_secs(10));
+            let (me, n) = (t.rank(), t.world_size());
+            let mut buf = Vec::new();
+            for i in 0..3u8 {
+                t.send_recv((me + 1) % n, &[me as u8, i], (me + n - 1) % n, &mut buf)
+                    .unwrap();
+                assert_eq!(buf, [((me + n - 1) % n) as u8, i]);
+            }
+            match me {
+                2 => {
+                    drop(t); // rank 2 dies
+                    None
+                }
+                0 => Some(t.send_recv(1, &[7; 100], 2, &mut buf).unwrap_err()),
+                _ => {
+                    t.recv(0, &mut buf).unwrap();
+                    assert_eq!(buf, [7; 100]);
+                    Some(t.recv(0, &mut buf).unwrap_err())
+                }
+            }
+        });
+        let e0 = got[0].as_ref().unwrap();
+        assert_eq!(e0.peer(), Some(2), "{e0}");
+        let e1 = got[1].as_ref().unwrap();
+        assert!(
+            matches!(
+                e1,
+                Error::PeerFailed {
+                    peer: 2,
+                    reported_by: 0
+                }
+            ),
+            "rank 1 should learn from rank 0 that rank 2 failed: {e1}"
+        );
+    }
+
     #[test]
     fn stalled_peer_times_out() {
         let mut world = loopback_world(2).unwrap();

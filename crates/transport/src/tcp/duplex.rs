@@ -206,6 +206,11 @@ impl Tcp {
                     sent = now_sent;
                     progressed |= moved;
                     want_out = sent < send_total;
+                    if !want_out {
+                        // The frame is whole: an abort notice after it is read as one, even
+                        // when the receive side fails later in this call.
+                        self.partial_send = None;
+                    }
                 }
             }
             // Receive side.
