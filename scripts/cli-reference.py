@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-SRC = Path("crates/cli/src")
+SRC = Path("crates/cli/src")  # entries may point into another crate: ../../ps/src/serve.rs
 # Subcommand -> (file, struct), in the order `gradwire --help` lists them.
 COMMANDS = [
     ("launch", "launch.rs", "LaunchArgs"),
@@ -20,7 +20,7 @@ COMMANDS = [
     ("bench codecs", "bench_codecs.rs", "CodecBenchArgs"),
     ("bench engine", "bench_engine.rs", "EngineBenchArgs"),
     ("bench ps", "bench_ps.rs", "PsBenchArgs"),
-    ("ps serve", "ps.rs", "ServeArgs"),
+    ("ps serve", "../../ps/src/serve.rs", "ServeArgs"),
     ("simulate", "simulate.rs", "SimulateArgs"),
 ]
 FLATTEN = {

@@ -79,6 +79,7 @@ pub mod durability;
 pub mod fault;
 mod placement;
 pub mod sandblaster;
+pub mod serve;
 mod server;
 mod shard;
 mod spec;

@@ -21,16 +21,17 @@ fn spawn(listen: &str, dir: &std::path::Path, checkpoint_every_ms: Option<u64>) 
         "--dir",
         dir.to_str().unwrap(),
         "--wal",
-        "--heartbeat-timeout-ms",
-        "10000",
-        "--max-wait-ms",
-        "10000",
+        "--heartbeat-timeout",
+        "10",
+        "--max-wait",
+        "10",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     if let Some(ms) = checkpoint_every_ms {
-        args.extend(["--checkpoint-every-ms".to_string(), ms.to_string()]);
+        let s = ms as f64 / 1000.0;
+        args.extend(["--checkpoint-every".to_string(), s.to_string()]);
     }
     ShardProcess::spawn(BIN.as_ref(), &args).expect("shard process starts")
 }
