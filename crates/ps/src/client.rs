@@ -30,6 +30,33 @@ use crate::wire::{
 };
 use crate::{Error, Result};
 
+/// Why one attempt at a request failed (the client retries until its deadline, then reports
+/// the last of these in [`Error::Timeout`]).
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    /// The TCP connection could not be made.
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    /// The token handshake failed.
+    #[error("handshake: {0}")]
+    Handshake(gradwire_transport::tcp::service::ServiceAuthError),
+    /// The shard refused this worker's registration.
+    #[error("hello refused: {0}")]
+    HelloRefused(String),
+    /// The socket's timeouts could not be set.
+    #[error("socket: {0}")]
+    Socket(std::io::Error),
+    /// The request could not be written.
+    #[error("send: {0}")]
+    Send(std::io::Error),
+    /// The shard closed the connection.
+    #[error("connection closed by the shard")]
+    Closed,
+    /// The reply did not arrive or could not be read.
+    #[error("reply: {0}")]
+    Reply(ReadError),
+}
+
 /// Settings of a worker's client.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -193,10 +220,10 @@ impl Conn {
         frame: &mut [u8],
         cfg: &ClientConfig,
         timeout: Duration,
-    ) -> std::result::Result<Response, String> {
+    ) -> std::result::Result<Response, AttemptError> {
         if self.stream.is_none() {
             let mut s = TcpStream::connect_timeout(&self.addr, cfg.connect_timeout)
-                .map_err(|e| format!("connect: {e}"))?;
+                .map_err(AttemptError::Connect)?;
             let _ = s.set_nodelay(true);
             let peer = Peer {
                 worker: cfg.worker,
@@ -204,7 +231,7 @@ impl Conn {
             };
             let limit = timeout.min(crate::server::DEFAULT_HANDSHAKE_TIMEOUT);
             crate::auth::connect(&mut s, &cfg.token, peer, Instant::now() + limit)
-                .map_err(|e| format!("handshake: {e}"))?;
+                .map_err(AttemptError::Handshake)?;
             self.stream = Some(s);
             // Register on every new connection (a restarted shard learns us again).
             let mut hello = std::mem::take(&mut self.hello);
@@ -212,7 +239,7 @@ impl Conn {
             self.hello = hello;
             match r? {
                 Response::Error(e) if !e.code.is_protocol() => return Ok(Response::Error(e)),
-                Response::Error(e) => return Err(format!("hello refused: {}", e.message)),
+                Response::Error(e) => return Err(AttemptError::HelloRefused(e.message)),
                 _ => {}
             }
         }
@@ -224,24 +251,24 @@ impl Conn {
         frame: &mut [u8],
         timeout: Duration,
         cfg: &ClientConfig,
-    ) -> std::result::Result<Response, String> {
+    ) -> std::result::Result<Response, AttemptError> {
         let rid = self.next_rid;
         self.next_rid += 1;
         frame[16..24].copy_from_slice(&rid.to_le_bytes());
         let stream = self.stream.as_mut().expect("connected");
         stream
             .set_write_timeout(Some(timeout))
-            .map_err(|e| e.to_string())?;
+            .map_err(AttemptError::Socket)?;
         stream
             .set_read_timeout(Some(timeout))
-            .map_err(|e| e.to_string())?;
-        stream.write_all(frame).map_err(|e| format!("send: {e}"))?;
+            .map_err(AttemptError::Socket)?;
+        stream.write_all(frame).map_err(AttemptError::Send)?;
         self.sent += frame.len() as u64;
         loop {
             let h = match read_frame(stream, cfg.max_body, &mut self.body) {
                 Ok(h) => h,
-                Err(ReadError::Closed) => return Err("connection closed by the shard".into()),
-                Err(e) => return Err(format!("reply: {e}")),
+                Err(ReadError::Closed) => return Err(AttemptError::Closed),
+                Err(e) => return Err(AttemptError::Reply(e)),
             };
             self.received += (crate::wire::HEADER_LEN + self.body.len()) as u64;
             if h.rid != rid && h.rid != 0 {
@@ -255,7 +282,8 @@ impl Conn {
                     _ => continue,
                 }
             }
-            return Response::decode(&h, &self.body).map_err(|e| format!("reply: {e}"));
+            return Response::decode(&h, &self.body)
+                .map_err(|e| AttemptError::Reply(ReadError::Wire(e)));
         }
     }
 
@@ -288,7 +316,7 @@ impl Conn {
                 }
                 Ok(Response::Error(e)) => return Err(remote_to_error(self.shard, e)),
                 Ok(r) => return Ok(r),
-                Err(msg) => msg,
+                Err(e) => e.to_string(),
             };
             self.stream = None;
             if Instant::now() + backoff >= deadline {

@@ -37,7 +37,7 @@ pub fn parse_cifar(bytes: &[u8], path: &Path) -> Result<ImageSet> {
         labels.push(rec[0]);
         pixels.extend_from_slice(&rec[1..]);
     }
-    ImageSet::new(pixels, labels, [3, SIDE, SIDE], 10).map_err(|w| malformed(path, w))
+    ImageSet::new(pixels, labels, [3, SIDE, SIDE], 10).map_err(|w| malformed(path, w.to_string()))
 }
 
 /// Reads one CIFAR-10 batch file.
@@ -61,7 +61,9 @@ pub fn load_cifar10(dir: &Path) -> Result<(ImageSet, ImageSet)> {
     for i in 2..=5 {
         let p = dir.join(format!("data_batch_{i}.bin"));
         let part = read_cifar(&p)?;
-        train.extend(&part).map_err(|w| malformed(&p, w))?;
+        train
+            .extend(&part)
+            .map_err(|w| malformed(&p, w.to_string()))?;
     }
     let mut test = read_cifar(&dir.join("test_batch.bin"))?;
     test.set_normalization(train.normalization());

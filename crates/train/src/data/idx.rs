@@ -176,7 +176,7 @@ pub fn load_idx_images(images: &Path, labels: &Path, classes: usize) -> Result<I
         ));
     }
     ImageSet::new(img.data, lab.data, [1, img.dims[1], img.dims[2]], classes)
-        .map_err(|what| malformed(labels, what))
+        .map_err(|what| malformed(labels, what.to_string()))
 }
 
 #[cfg(test)]

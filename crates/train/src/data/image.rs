@@ -18,6 +18,46 @@ pub struct ImageSet {
     norm: Vec<(f32, f32)>,
 }
 
+/// Why pixels and labels do not make an [`ImageSet`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageSetError {
+    /// An image shape with a zero dimension.
+    #[error("image shape {0:?} is empty")]
+    EmptyShape([usize; 3]),
+    /// The pixel bytes are not the labels' count of images of the shape.
+    #[error("{bytes} pixel bytes for {images} images of {shape:?}")]
+    PixelCount {
+        /// Pixel bytes given.
+        bytes: usize,
+        /// Images (labels) given.
+        images: usize,
+        /// One image's shape.
+        shape: [usize; 3],
+    },
+    /// A label at or above the class count.
+    #[error("label {label} of image {image} is not below {classes} classes")]
+    Label {
+        /// The label.
+        label: u8,
+        /// Its image's index.
+        image: usize,
+        /// The class count.
+        classes: usize,
+    },
+    /// Images of another shape or class count appended.
+    #[error("cannot join images of {shape:?} ({classes} classes) to {into_shape:?} ({into_classes} classes)")]
+    Join {
+        /// The appended set's image shape.
+        shape: [usize; 3],
+        /// The appended set's classes.
+        classes: usize,
+        /// This set's image shape.
+        into_shape: [usize; 3],
+        /// This set's classes.
+        into_classes: usize,
+    },
+}
+
 impl ImageSet {
     /// Builds a set, checking that `pixels` holds `labels.len()` images of `shape` and that
     /// every label is below `classes`. Normalization statistics come from these pixels.
@@ -26,26 +66,28 @@ impl ImageSet {
         labels: Vec<u8>,
         shape: [usize; 3],
         classes: usize,
-    ) -> std::result::Result<Self, String> {
+    ) -> std::result::Result<Self, ImageSetError> {
         let per = shape.iter().product::<usize>();
         if per == 0 {
-            return Err(format!("image shape {shape:?} is empty"));
+            return Err(ImageSetError::EmptyShape(shape));
         }
         if pixels.len() != labels.len() * per {
-            return Err(format!(
-                "{} pixel bytes for {} images of {shape:?}",
-                pixels.len(),
-                labels.len()
-            ));
+            return Err(ImageSetError::PixelCount {
+                bytes: pixels.len(),
+                images: labels.len(),
+                shape,
+            });
         }
         if let Some((i, l)) = labels
             .iter()
             .enumerate()
             .find(|(_, &l)| usize::from(l) >= classes)
         {
-            return Err(format!(
-                "label {l} of image {i} is not below {classes} classes"
-            ));
+            return Err(ImageSetError::Label {
+                label: *l,
+                image: i,
+                classes,
+            });
         }
         let mut set = ImageSet {
             pixels,
@@ -160,12 +202,14 @@ impl ImageSet {
     }
 
     /// Appends the images of `other` (same shape and classes; its normalization is ignored).
-    pub fn extend(&mut self, other: &ImageSet) -> std::result::Result<(), String> {
+    pub fn extend(&mut self, other: &ImageSet) -> std::result::Result<(), ImageSetError> {
         if other.shape != self.shape || other.classes != self.classes {
-            return Err(format!(
-                "cannot join images of {:?} ({} classes) to {:?} ({} classes)",
-                other.shape, other.classes, self.shape, self.classes
-            ));
+            return Err(ImageSetError::Join {
+                shape: other.shape,
+                classes: other.classes,
+                into_shape: self.shape,
+                into_classes: self.classes,
+            });
         }
         self.pixels.extend_from_slice(&other.pixels);
         self.labels.extend_from_slice(&other.labels);

@@ -76,8 +76,10 @@ pub fn load_mnist_json(dir: &Path) -> Result<(ImageSet, ImageSet)> {
         }
     }
     let shape = [1, SIDE, SIDE];
-    let train = ImageSet::new(tr_px, tr_lab, shape, 10).map_err(|w| malformed(dir, w))?;
-    let mut test = ImageSet::new(te_px, te_lab, shape, 10).map_err(|w| malformed(dir, w))?;
+    let train =
+        ImageSet::new(tr_px, tr_lab, shape, 10).map_err(|w| malformed(dir, w.to_string()))?;
+    let mut test =
+        ImageSet::new(te_px, te_lab, shape, 10).map_err(|w| malformed(dir, w.to_string()))?;
     test.set_normalization(train.normalization());
     Ok((train, test))
 }

@@ -10,7 +10,7 @@ mod shard;
 pub mod text;
 
 pub use batch::{Batch, ImageBatch, TextBatch};
-pub use image::ImageSet;
+pub use image::{ImageSet, ImageSetError};
 pub use shard::{epoch_permutation, shard_indices, shard_len};
 pub use text::{TextCorpus, TextSplit, Vocab};
 
