@@ -567,7 +567,7 @@ impl TrainArgs {
             }
         }
         if let Some(mp) = &plan.model_parallel {
-            crate::train_parallel::check_plan(mp, &plan, ps_mode.is_some(), auto)?;
+            crate::train_parallel::check_plan(mp, &plan, ps_mode, auto)?;
         }
         if auto {
             if ps_mode.is_some() {
@@ -607,6 +607,9 @@ impl TrainArgs {
                 link: plan.link.is_some(),
             },
         )?;
+        if let (Some(mp), Some(ps)) = (&plan.model_parallel, &plan.ps) {
+            crate::train_parallel::check_ps(mp, ps)?;
+        }
         Ok(plan)
     }
 }
@@ -822,13 +825,8 @@ fn run_rank<T: Transport + 'static>(
         }
     }
     let mut run = plan.run_record(world, steps);
-    if let (Some(mp), true) = (&plan.model_parallel, reporting) {
-        let split = mp
-            .spec(plan.model, data.shape(), plan.train.seed)
-            .plan(plan.train.batch_size)?;
-        eprintln!("gradwire train: partition plan\n{split}");
-        run.workers = plan.workers;
-        run.model_parallel = Some(serde_json::to_value(&split)?);
+    if reporting {
+        record_partition_plan(plan, data.shape(), &mut run)?;
     }
     if reporting {
         // A resumed run's metrics continue the finished epochs' lines (read before
@@ -981,6 +979,24 @@ fn run_rank<T: Transport + 'static>(
     }
     sync.shutdown()?;
     Ok(kept)
+}
+
+/// Under model parallelism: prints the partition plan and keeps it in `run` (with every
+/// rank counted in `workers`); nothing otherwise. The reporting rank's, before training.
+pub(crate) fn record_partition_plan(
+    plan: &Plan,
+    shape: gradwire_train::data::DataShape,
+    run: &mut RunRecord,
+) -> Result<()> {
+    if let Some(mp) = &plan.model_parallel {
+        let split = mp
+            .spec(plan.model, shape, plan.train.seed)
+            .plan(plan.train.batch_size)?;
+        eprintln!("gradwire train: partition plan\n{split}");
+        run.workers = plan.workers;
+        run.model_parallel = Some(serde_json::to_value(&split)?);
+    }
+    Ok(())
 }
 
 /// `FILE` with `.rankN` before its extension (`trace.json` -> `trace.rank2.json`).

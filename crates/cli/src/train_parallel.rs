@@ -12,9 +12,26 @@
 //!
 //! An emulated link (`--link`) throttles both. The partition plan (which partition holds
 //! which tensors, the bytes crossing the boundaries per step) is printed at start and kept
-//! in run.json (`model_parallel`). Parameter servers, checkpoints, `--codec auto` and the
-//! host hierarchy are refused or off with model parallelism: each needs the whole model's
+//! in run.json (`model_parallel`). Checkpoints, `--codec auto`, Sandblaster and the host
+//! hierarchy are refused or off with model parallelism: each needs the whole model's
 //! tensors on every rank.
+//!
+//! Under a parameter server (`--sync ps-sync|ps-async|ps-ssp:S`: DistBelief's Figure 2,
+//! Downpour over model replicas) the ranks still form the world and split it; the replica
+//! carries the activations as above, the partition group stays unused, and partition `j`
+//! of every replica is a PS client for its own tensors only: table `j`
+//! (`gradwire_train::sync::ps`, key `1 + j`), the replicas its workers. Each table gets its
+//! own `--servers` shards (the parent starts `K·S`), since a shard's sync rounds count every
+//! worker registered with it. Per flag:
+//!
+//! - `--model-parallel K`: partitions per replica; with a PS, also the number of tables.
+//! - `--workers R`: replicas (R·K rank processes); with a PS, the workers of each table.
+//! - `--mp-split`, `--micro-batches`: as without a PS.
+//! - `--servers S`: shards per partition's table (K·S in all); `--ps-servers` lists K sets
+//!   of S addresses, set `j` for partition `j`, each shard started with `--workers R`.
+//! - `--save-params`: the whole model, assembled over the world from replica 0's partitions.
+//! - reports: partition 0 of replica 0 (the whole model's loss and accuracy: every
+//!   partition sees the same); run.json has `model_parallel` and `ps` (with `tables`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -23,14 +40,17 @@ use gradwire_train::model::partition::{PartitionSpec, Split};
 use gradwire_train::{Model, ModelKind};
 use gradwire_transport::Transport;
 
+use crate::train_ps::PsMode;
+
 /// The flags of model parallelism.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ModelParallelArgs {
     /// Split each model replica over K ranks (DistBelief's model parallelism): `--workers R`
     /// then starts R replicas of K partitions, R·K ranks, and partition j of every replica
-    /// all-reduces its own tensors with the others under --codec. Under a launcher its world
-    /// must be a multiple of K. MLPs (both splits) and LeNet (pipeline) [default: 1, whole
-    /// models].
+    /// all-reduces its own tensors with the others under --codec, or, under --sync
+    /// ps-sync|ps-async|ps-ssp:S (Downpour over model replicas), pushes and pulls them as its
+    /// own table on its own --servers shards. Under a launcher its world must be a multiple
+    /// of K. MLPs (both splits) and LeNet (pipeline) [default: 1, whole models].
     #[arg(long, value_name = "K")]
     pub model_parallel: Option<usize>,
     /// How a replica is split: `tensor` (each fully connected layer's units over the
@@ -139,12 +159,15 @@ pub struct RankGroups {
 pub fn check_plan(
     mp: &ModelParallel,
     plan: &crate::train::Plan,
-    ps: bool,
+    ps: Option<PsMode>,
     auto: bool,
 ) -> Result<()> {
     let k = mp.partitions;
-    if ps {
-        bail!("--model-parallel {k} trains with the all-reduce engine; parameter servers take whole models");
+    if ps == Some(PsMode::Sandblaster) {
+        bail!(
+            "--model-parallel {k} with --sync sandblaster: its L-BFGS workers are threads over \
+             whole models; use ps-sync, ps-async or ps-ssp:S"
+        );
     }
     if auto {
         bail!("--codec auto chooses per tensor of the whole model; give --codec with --model-parallel");
@@ -173,6 +196,20 @@ pub fn check_plan(
             plan.model,
             k,
             mp.split
+        );
+    }
+    Ok(())
+}
+
+/// Checks a parameter-server plan against model parallelism: running shards given with
+/// `--ps-servers` are `K` sets of equal size, set `j` holding partition `j`'s table.
+pub fn check_ps(mp: &ModelParallel, ps: &crate::train_ps::PsPlan) -> Result<()> {
+    let k = mp.partitions;
+    if !ps.addrs.is_empty() && !ps.addrs.len().is_multiple_of(k) {
+        bail!(
+            "--model-parallel {k} with --ps-servers: give {k} sets of equal size (set j, each \
+             shard started with --workers R, holds partition j's table); {} address(es) given",
+            ps.addrs.len()
         );
     }
     Ok(())

@@ -19,6 +19,10 @@
 //!   (4 workers with momentum 0.9 diverged on the MLP, and LeNet with 2 workers ended at
 //!   10%; rank 0 warns when momentum is asked for by name).
 //! - `ps-ssp:S`: stale synchronous parallel with bound S (reporting as `ps-async`).
+//! - with `--model-parallel K` (`ps-sync`, `ps-async`, `ps-ssp:S`): `--workers R` replicas
+//!   of K partitions (R·K processes, a TCP mesh per replica for the activations); partition
+//!   j of every replica pushes and pulls its own tensors as table j on its own `--servers`
+//!   shards (`crate::train_parallel`).
 //! - `sandblaster`: DistBelief's batch L-BFGS on the same models and data
 //!   (`crate::train_sandblaster`): a coordinator, `--workers` worker threads and the shards;
 //!   one epoch is `--sb-iters` accepted L-BFGS steps.
@@ -128,8 +132,8 @@ impl SyncMode {
 /// The parameter-server flags of `gradwire train`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct PsArgs {
-    /// Parameter-server shards to start (with --sync ps-sync, ps-async, ps-ssp:S)
-    /// [default: 1].
+    /// Parameter-server shards to start (with --sync ps-sync, ps-async, ps-ssp:S); per
+    /// partition's table under --model-parallel K (K·S in all) [default: 1].
     #[arg(long)]
     pub servers: Option<usize>,
     /// Use these running shards (`gradwire ps serve`), in shard order, instead of starting
@@ -203,7 +207,8 @@ pub struct PsPlan {
     pub sb: Option<SbPlan>,
     /// The consistency of the parameter table (async for Sandblaster's).
     pub consistency: Consistency,
-    /// Shards to start (or the number given by `--ps-servers`).
+    /// Shards to start for each table (one table, or one per partition under
+    /// `--model-parallel`; or the number given by `--ps-servers`, all tables together).
     pub servers: usize,
     /// Running shards to use instead of starting them.
     pub addrs: Vec<SocketAddr>,
@@ -316,7 +321,8 @@ pub fn plan(mode: Option<PsMode>, cx: &PlanContext<'_>) -> Result<Option<PsPlan>
              --workers N` and pass their addresses with --ps-servers ADDR,..."
         );
     }
-    let servers = server_count(a)?;
+    let tables = cx.args.mp.model_parallel.unwrap_or(1).max(1);
+    let servers = server_count(a, tables)?;
     Ok(Some(PsPlan {
         mode,
         sb: None,
@@ -417,22 +423,31 @@ fn push_codec(codec: &CodecConfig, push: Option<&PushCodec>, mode: PsMode) -> Re
 }
 
 /// Refuses a `--sb-*` flag outside `--sync sandblaster`.
-/// The shard count: the length of `--ps-servers` (which `--servers`, if given, must match),
-/// else `--servers` (default 1); between 1 and 64.
-fn server_count(a: &PsArgs) -> Result<usize> {
+/// The shard count: the length of `--ps-servers` (which `--servers` times `tables`, if
+/// given, must match), else `--servers` (default 1, shards per table: `tables` is the
+/// partition count under `--model-parallel`, else 1); between 1 and 64 in all.
+fn server_count(a: &PsArgs, tables: usize) -> Result<usize> {
     let servers = if a.ps_servers.is_empty() {
         a.servers.unwrap_or(1)
     } else {
-        if let Some(s) = a.servers.filter(|&s| s != a.ps_servers.len()) {
+        if let Some(s) = a
+            .servers
+            .filter(|&s| s.saturating_mul(tables) != a.ps_servers.len())
+        {
+            let per = if tables > 1 {
+                format!(" ({tables} tables of {s})")
+            } else {
+                String::new()
+            };
             bail!(
-                "--servers {s} but --ps-servers names {} shard(s)",
+                "--servers {s}{per} but --ps-servers names {} shard(s)",
                 a.ps_servers.len()
             );
         }
         a.ps_servers.len()
     };
-    if !(1..=64).contains(&servers) {
-        bail!("--servers must be between 1 and 64");
+    if !(1..=64).contains(&servers) || (a.ps_servers.is_empty() && servers * tables > 64) {
+        bail!("--servers must be between 1 and 64 (shards in all under --model-parallel)");
     }
     Ok(servers)
 }
@@ -503,7 +518,7 @@ fn plan_sandblaster(cx: &PlanContext<'_>) -> Result<Option<PsPlan>> {
     }
     let batch = positive("--sb-batch", a.sb_batch)?;
     let unit = positive("--sb-unit", a.sb_unit)?;
-    let servers = server_count(a)?;
+    let servers = server_count(a, 1)?;
     Ok(Some(PsPlan {
         mode: PsMode::Sandblaster,
         sb: Some(SbPlan {

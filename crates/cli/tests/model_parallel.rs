@@ -168,8 +168,8 @@ fn what_model_parallelism_cannot_take_is_refused_by_name() {
             "splits image models",
         ),
         (
-            vec!["--model-parallel", "2", "--sync", "ps-async"],
-            "parameter servers",
+            vec!["--model-parallel", "2", "--sync", "sandblaster"],
+            "sandblaster",
         ),
         (
             vec!["--model-parallel", "2", "--checkpoint-every", "5"],

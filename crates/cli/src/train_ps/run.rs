@@ -30,7 +30,11 @@ pub fn run(
 ) -> Result<()> {
     let ps = plan.ps.as_ref().expect("a ps plan");
     if let Some(l) = launched {
-        return run_worker(l.config.rank, l.config.world_size, plan, ps, args.quiet);
+        if plan.model_parallel.is_some() {
+            return run_partition(args, l, plan, ps);
+        }
+        let (rank, world) = (l.config.rank, l.config.world_size);
+        return run_worker(Worker::whole(rank, world), plan, ps, args.quiet).map(drop);
     }
     if args.worker {
         bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
@@ -39,8 +43,12 @@ pub fn run(
         return crate::train_sandblaster::run(plan, ps, sb, args.quiet);
     }
     let mut shards = None;
+    // Under model parallelism every partition's table gets its own `--servers` shards, each
+    // for the replicas (see `gradwire_train::sync::ps`).
+    let k = plan.model_parallel.map_or(1, |mp| mp.partitions);
     let addrs = if ps.addrs.is_empty() {
-        let s = Shards::start(ps.servers, plan.workers, &ShardOptions::for_run(&plan.out))?;
+        let opts = ShardOptions::for_run(&plan.out);
+        let s = Shards::start(ps.servers * k, plan.workers / k, &opts)?;
         let a = s.addrs.clone();
         shards = Some(s);
         a
@@ -50,7 +58,7 @@ pub fn run(
     let mut ps_run = ps.clone();
     ps_run.addrs = addrs.clone();
     if plan.workers == 1 {
-        return run_worker(0, 1, plan, &ps_run, args.quiet);
+        return run_worker(Worker::whole(0, 1), plan, &ps_run, args.quiet).map(drop);
     }
     std::fs::create_dir_all(&plan.out)
         .with_context(|| format!("creating {}", plan.out.display()))?;
@@ -156,28 +164,117 @@ fn merge_worker_reports(
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// One worker: trains against the shards; rank 0 reports.
-fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) -> Result<()> {
+/// One rank under model parallelism and a parameter server: joins the world mesh, splits
+/// it (the replica group carries the partitioned model's activations; the partition group
+/// stays unused: the shards replace its all-reduce), trains partition `j` against its
+/// table's shards as worker `replica` of `replicas`, and writes the whole model's
+/// parameters over the world when asked.
+fn run_partition(
+    args: &TrainArgs,
+    l: &gradwire_run::join::Launched,
+    plan: &Plan,
+    ps: &PsPlan,
+) -> Result<()> {
+    let mp = plan.model_parallel.as_ref().expect("a model-parallel plan");
+    let mut t = gradwire_run::join::join_with(args.transport, l)?;
+    let rank = t.rank();
+    let crate::train_parallel::RankGroups {
+        index,
+        replica,
+        group,
+    } = mp.split_world(&mut t)?;
+    let worker = Worker {
+        rank: rank / mp.partitions,
+        world: t.world_size() / mp.partitions,
+        world_rank: rank,
+        partition: Some((index, replica)),
+    };
+    let kept = run_worker(worker, plan, ps, args.quiet)?;
+    drop(group);
+    if let Some(path) = &plan.save_params {
+        crate::train_parallel::save_whole(&mut t, mp, plan, kept, path)?;
+    }
+    Ok(())
+}
+
+/// Who a worker process is to the shards.
+struct Worker {
+    /// Its worker id on its table's shards (the replica under model parallelism).
+    rank: usize,
+    /// The workers of its table (the replicas under model parallelism).
+    world: usize,
+    /// Its rank among all the worker processes (names its summary file).
+    world_rank: usize,
+    /// Under model parallelism: its partition and its replica's transport.
+    partition: Option<(usize, Box<dyn gradwire_transport::Transport>)>,
+}
+
+impl Worker {
+    fn whole(rank: usize, world: usize) -> Self {
+        Worker {
+            rank,
+            world,
+            world_rank: rank,
+            partition: None,
+        }
+    }
+}
+
+/// One worker: trains against the shards; rank 0 (partition 0 of replica 0) reports.
+/// Returns the final parameters of a partition of replica 0 (for the whole model's
+/// `--save-params`), else `None`.
+fn run_worker(w: Worker, plan: &Plan, ps: &PsPlan, quiet: bool) -> Result<Option<Vec<f32>>> {
+    let Worker {
+        rank,
+        world,
+        world_rank,
+        partition,
+    } = w;
     gradwire_train::init_threads(plan.threads);
     let data = plan
         .dataset
         .load(&plan.data, plan.seq_len)
-        .with_context(|| format!("worker {rank}: loading {}", plan.dataset.name()))?;
-    let model = plan.model.build(data.shape(), plan.train.seed)?;
+        .with_context(|| format!("worker {world_rank}: loading {}", plan.dataset.name()))?;
+    let part_index = partition.as_ref().map(|(j, _)| *j);
+    let (model, addrs, who) = match (partition, &plan.model_parallel) {
+        (Some((j, replica)), Some(mp)) => {
+            let model = crate::train_parallel::build(
+                mp,
+                plan.model,
+                data.shape(),
+                plan.train.seed,
+                j,
+                replica,
+            )?;
+            let per = ps.addrs.len() / mp.partitions;
+            let addrs = ps.addrs[j * per..(j + 1) * per].to_vec();
+            (
+                model,
+                addrs,
+                format!("ps worker {rank}/{world} (partition {j})"),
+            )
+        }
+        _ => (
+            plan.model.build(data.shape(), plan.train.seed)?,
+            ps.addrs.clone(),
+            format!("ps worker {rank}/{world}"),
+        ),
+    };
     let cfg = PsConfig {
         n_fetch: ps.n_fetch,
         n_push: ps.n_push,
         local_lr: ps.local_lr,
         dead_policy: ps.dead_policy,
         codec: ps.codec.clone(),
-        ..PsConfig::new(ps.addrs.clone(), ps.consistency, ps.updater)
+        table: part_index.unwrap_or(0) as u32,
+        ..PsConfig::new(addrs.clone(), ps.consistency, ps.updater)
     };
     let sync = PsSync::connect(rank, world, model.num_params(), cfg)
-        .with_context(|| format!("worker {rank}: connecting to the shards"))?;
+        .with_context(|| format!("{who}: connecting to the shards"))?;
     let mode = PsMode::Table(ps.consistency).to_string();
     eprintln!(
-        "gradwire train: ps worker {rank}/{world} connected to {} shard(s)",
-        ps.addrs.len()
+        "gradwire train: {who} connected to {} shard(s)",
+        addrs.len()
     );
     let mut train = plan.train.clone();
     train.optimizer = ps.optimizer.clone();
@@ -187,17 +284,26 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
         EvalMode::Rank0
     };
     let mut trainer = Trainer::new(model, sync, train, data.train.len())
-        .with_context(|| format!("worker {rank}: initializing the parameter table"))?;
+        .with_context(|| format!("{who}: initializing the parameter table"))?;
     let steps = trainer.steps_per_epoch(data.train.len());
-    let reporting = rank == 0;
+    let reporting = rank == 0 && part_index.unwrap_or(0) == 0;
     if reporting {
+        let shards = match &plan.model_parallel {
+            Some(mp) => format!(
+                "{world} replica(s) x {} partitions ({}), {} shard(s) ({} per partition's table)",
+                mp.partitions,
+                mp.split,
+                ps.addrs.len(),
+                addrs.len()
+            ),
+            None => format!("{world} worker(s), {} shard(s)", ps.addrs.len()),
+        };
         eprintln!(
-            "gradwire train: {} on {} ({} train / {} held out), {world} worker(s), {} shard(s), --sync {mode}, server updater {}, pushes {}{}, {} steps/epoch x {} epochs, batch {} per worker",
+            "gradwire train: {} on {} ({} train / {} held out), {shards}, --sync {mode}, server updater {}, pushes {}{}, {} steps/epoch x {} epochs, batch {} per worker",
             plan.model.name(),
             plan.dataset.name(),
             data.train.len(),
             data.test.len(),
-            ps.addrs.len(),
             ps.updater,
             ps.codec,
             if ps.n_fetch > 1 || ps.n_push > 1 {
@@ -223,6 +329,9 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
         let _ = std::fs::remove_file(plan.out.join("metrics.jsonl"));
     }
     let mut run = plan.run_record(world, steps);
+    if reporting {
+        crate::train::record_partition_plan(plan, data.shape(), &mut run)?;
+    }
     // The PS path has no momentum correction (the shards run the optimizer).
     run.momentum_correction = None;
     run.codec = ps.codec.to_string();
@@ -242,7 +351,7 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
         };
         let stats = trainer
             .run_epoch(&data, &mut on_step)
-            .with_context(|| format!("worker {rank}, epoch {}", epoch + 1))?;
+            .with_context(|| format!("{who}, epoch {}", epoch + 1))?;
         total_steps += steps as u64;
         if let Some(b) = bar {
             b.finish_and_clear();
@@ -275,33 +384,39 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
             run.epochs.push(rec);
         }
     }
-    if reporting {
-        if let Some(p) = &plan.save_params {
-            save_params(p, trainer.params())?;
-        }
+    let mut kept = None;
+    match (&plan.save_params, rank, part_index) {
+        (Some(p), 0, None) => save_params(p, trainer.params())?,
+        (Some(_), 0, Some(_)) => kept = Some(trainer.params().to_vec()),
+        _ => {}
     }
     let (_, sync) = trainer.into_parts();
     let (pushed, pulled) = sync.bytes();
     let (pushes, pulls) = sync.ops();
     sync.leave()
-        .with_context(|| format!("worker {rank}: leaving the shards"))?;
-    let summary = serde_json::json!({
-        "rank": rank,
+        .with_context(|| format!("{who}: leaving the shards"))?;
+    let mut summary = serde_json::json!({
+        "rank": world_rank,
         "steps": total_steps,
         "pushes": pushes,
         "pulls": pulls,
         "bytes_pushed": pushed,
         "bytes_pulled": pulled,
     });
+    if let Some(j) = part_index {
+        summary["replica"] = rank.into();
+        summary["partition"] = j.into();
+    }
     eprintln!(
-        "gradwire train: ps worker {rank} finished: {total_steps} steps, {pushes} pushes, {pulls} pulls, pushed {} pulled {}",
+        "gradwire train: {who} finished: {total_steps} steps, {pushes} pushes, {pulls} pulls, pushed {} pulled {}",
         human_bytes(pushed as f64),
         human_bytes(pulled as f64)
     );
-    if world > 1 {
+    if world > 1 || part_index.is_some() {
+        let file = worker_file(&plan.out, world_rank);
         std::fs::create_dir_all(&plan.out).ok();
-        std::fs::write(worker_file(&plan.out, rank), summary.to_string() + "\n")
-            .with_context(|| format!("writing {}", worker_file(&plan.out, rank).display()))?;
+        std::fs::write(&file, summary.to_string() + "\n")
+            .with_context(|| format!("writing {}", file.display()))?;
     }
     if reporting {
         crate::train::write_run(&run, &plan.out)?;
@@ -320,11 +435,16 @@ fn run_worker(rank: usize, world: usize, plan: &Plan, ps: &PsPlan, quiet: bool) 
             "bytes_pulled": pulled,
             "rank0": summary,
         });
+        if let Some(mp) = &plan.model_parallel {
+            // One table per partition, each on its own shards; these bytes are partition 0's.
+            v["ps"]["tables"] = mp.partitions.into();
+            v["ps"]["servers_per_table"] = (ps.addrs.len() / mp.partitions).into();
+        }
         std::fs::write(&path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("gradwire train: wrote {}", plan.out.display());
     }
-    Ok(())
+    Ok(kept)
 }
 
 fn append_line(path: &Path, v: &serde_json::Value) -> Result<()> {

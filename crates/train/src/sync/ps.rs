@@ -32,6 +32,18 @@
 //!   shards hold a fixed number of tables however many evaluations run), so the epoch's loss
 //!   and the sharded evaluation match all-reduce training. Under `async` and SSP nothing waits for the other
 //!   workers (a dead one must not stall the rest), so metrics stay this worker's own.
+//! - **Partition tables** (model parallelism composed with Downpour, DistBelief's Figure 2):
+//!   [`PsConfig::table`] `j` names the table a client owns, key `1 + j` (metric tables from
+//!   `METRICS_BASE + j·2^16`), holding partition `j`'s flat parameters only; the default,
+//!   table 0, is the whole model's table at key 1, with the same keys and wire bytes as
+//!   before partitions existed. Partition `j` of every replica shares table `j`, the
+//!   replicas being its workers (worker id = replica index, world = replicas). A shard
+//!   counts a sync round's live workers over every worker registered with it, across
+//!   tables, and fences a worker id by its incarnation, so the partitions of one replica
+//!   cannot share a shard under one id, nor take distinct ids on a shard whose rounds would
+//!   then wait for the other partitions' workers: the caller gives each partition's table
+//!   its own shards (`gradwire train` starts `K` sets of `--servers` shards, each for
+//!   `replicas` workers), so every round counts exactly the replicas.
 //! - **Bytes**: every frame byte the worker's client writes and reads (`KvStore::bytes`),
 //!   headers and retries included; heartbeats run on their own connections and are not
 //!   counted.
@@ -52,6 +64,8 @@ use crate::optim::{LrDecay, OptimizerConfig, OptimizerKind};
 const PARAMS: Key = Key(1);
 /// Metric tables take keys from here up (one per metric length, in order of first use).
 const METRICS_BASE: u64 = 1 << 32;
+/// Key distance between two partition tables' metric tables.
+const METRICS_PER_TABLE: u64 = 1 << 16;
 
 /// How a worker trains against the parameter server.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +88,21 @@ pub struct PsConfig {
     pub deadline: Duration,
     /// How pushes of the parameter table are compressed (dense by default).
     pub codec: PushCodec,
+    /// The table this client owns: 0 (the default) for a whole model's, `j` for partition
+    /// `j`'s under model parallelism (parameters at key `1 + j`; see the module doc).
+    pub table: u32,
+}
+
+impl PsConfig {
+    /// The key of the parameter table this client owns.
+    pub fn params_key(&self) -> Key {
+        Key(PARAMS.0 + u64::from(self.table))
+    }
+
+    /// The key of this client's `i`th metric table.
+    fn metrics_key(&self, i: usize) -> Key {
+        Key(METRICS_BASE + u64::from(self.table) * METRICS_PER_TABLE + i as u64)
+    }
 }
 
 impl PsConfig {
@@ -89,6 +118,7 @@ impl PsConfig {
             local_lr: 0.0,
             deadline: Duration::from_secs(60),
             codec: PushCodec::Dense,
+            table: 0,
         }
     }
 }
@@ -239,7 +269,8 @@ impl PsSync {
     pub fn leave(mut self) -> Result<()> {
         if self.accrued.iter().any(|a| *a != 0.0) {
             let acc = std::mem::take(&mut self.accrued);
-            self.kv().push(PARAMS, &acc)?;
+            let key = self.cfg.params_key();
+            self.kv().push(key, &acc)?;
             self.pushes += 1;
         }
         if let Some(kv) = self.kv.take() {
@@ -278,9 +309,9 @@ impl GradientSync for PsSync {
                 got: params.len(),
             });
         }
-        let spec = self.table();
-        self.kv().init(PARAMS, spec, params)?;
-        self.kv().pull(PARAMS, params)?;
+        let (spec, key) = (self.table(), self.cfg.params_key());
+        self.kv().init(key, spec, params)?;
+        self.kv().pull(key, params)?;
         self.pulls += 1;
         self.sent = self.bytes().0;
         Ok(())
@@ -303,12 +334,13 @@ impl GradientSync for PsSync {
             }
         }
         let t0 = Instant::now();
+        let key = self.cfg.params_key();
         let (n_fetch, n_push) = (self.cfg.n_fetch.max(1), self.cfg.n_push.max(1));
         self.step += 1;
         let mut pushed = false;
         if n_fetch == 1 && n_push == 1 {
             let kv = self.kv.as_mut().expect("client present until leave");
-            kv.push_pull(PARAMS, grads, params)?;
+            kv.push_pull(key, grads, params)?;
             (self.pushes, self.pulls) = (self.pushes + 1, self.pulls + 1);
             pushed = true;
         } else {
@@ -322,13 +354,13 @@ impl GradientSync for PsSync {
             }
             let kv = self.kv.as_mut().expect("client present until leave");
             if self.step.is_multiple_of(n_push) {
-                kv.push(PARAMS, &self.accrued)?;
+                kv.push(key, &self.accrued)?;
                 self.accrued.iter_mut().for_each(|a| *a = 0.0);
                 self.pushes += 1;
                 pushed = true;
             }
             if self.step.is_multiple_of(n_fetch) {
-                kv.pull(PARAMS, params)?;
+                kv.pull(key, params)?;
                 self.pulls += 1;
             }
         }
@@ -356,7 +388,7 @@ impl GradientSync for PsSync {
             Some(&(_, key)) => key,
             None => {
                 // Every worker makes its tables in the same order: the keys agree.
-                let key = Key(METRICS_BASE + self.metric_tables.len() as u64);
+                let key = self.cfg.metrics_key(self.metric_tables.len());
                 let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Assign)
                     .with_dead_policy(self.cfg.dead_policy);
                 self.kv().init(key, spec, &vec![0.0; n])?;
@@ -417,6 +449,55 @@ mod tests {
             }
             assert_eq!(other, [0.5, 4.0]);
             assert_eq!(tables, 2);
+        }
+    }
+
+    /// Table 0 keeps the whole model's keys; partition table `j` is key `1 + j` with its
+    /// own metric keys. Two replicas of partition 1 (worker ids 0 and 1 on a shard of two
+    /// workers) close BSP rounds on table 1: both end with the mean-gradient SGD step.
+    #[test]
+    fn a_partition_table_has_its_own_keys_and_closes_rounds_over_the_replicas() {
+        use gradwire_ps::{Server, ServerConfig, ShardConfig};
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let whole = PsConfig::new(vec![addr], Consistency::Sync, UpdaterSpec::Sum);
+        assert_eq!(whole.params_key(), Key(1));
+        assert_eq!(whole.metrics_key(2), Key(METRICS_BASE + 2));
+        let part = PsConfig { table: 3, ..whole };
+        assert_eq!(part.params_key(), Key(4));
+        assert_eq!(
+            part.metrics_key(0),
+            Key(METRICS_BASE + 3 * METRICS_PER_TABLE)
+        );
+
+        let server = Server::start(ServerConfig::loopback(ShardConfig {
+            num_workers: 2,
+            ..ShardConfig::default()
+        }))
+        .unwrap();
+        let addr = server.local_addr();
+        let replicas: Vec<_> = (0..2)
+            .map(|replica| {
+                std::thread::spawn(move || {
+                    let cfg = PsConfig {
+                        table: 1,
+                        ..PsConfig::new(vec![addr], Consistency::Sync, UpdaterSpec::Sgd { lr: 0.5 })
+                    };
+                    let mut ps = PsSync::connect(replica, 2, 3, cfg).unwrap();
+                    let mut params = [1.0f32, 2.0, 3.0];
+                    ps.broadcast_params(&mut params).unwrap();
+                    let g = [replica as f32, 2.0, -2.0];
+                    ps.server_step(&g, &mut params).unwrap();
+                    let mut loss = [replica as f64];
+                    ps.average_metrics(&mut loss).unwrap();
+                    ps.leave().unwrap();
+                    (params, loss[0])
+                })
+            })
+            .collect();
+        for h in replicas {
+            let (params, loss) = h.join().unwrap();
+            assert_eq!(params, [0.75, 1.0, 4.0]);
+            assert_eq!(loss, 0.5);
         }
     }
 
