@@ -65,18 +65,34 @@
 //! collective with no deadline at all. After an error, drop the transport: messages of the
 //! failed call may still arrive later.
 //!
+//! # Groups
+//!
+//! An [`Mpi`] splits into groups ([`crate::split`]) with `MPI_Comm_split`: the ranks first
+//! agree on the groups with one exchange of offers over the transport (under the deadline,
+//! refusing splits out of step), then call `MPI_Comm_split` on the transport's communicator
+//! with colors and keys that give MPI the same numbering ([`crate::split`]'s rule: by key,
+//! ties by rank). Each group is an [`Mpi`] of its own on the new communicator, wrapped in a
+//! [`Group`] that names the group and the global ranks in its errors; it keeps the
+//! parent's deadline and can split again. `MPI_Comm_split` itself is a blocking MPI
+//! collective with no deadline, reached only once every rank's offer has arrived.
+//!
 //! # Threads
 //!
-//! MPI is initialized with `MPI_THREAD_SERIALIZED` and only one [`Mpi`] exists per process;
-//! its methods take `&mut self`, so calls never overlap and the value can move to another
-//! thread (the engine's). Dropping it frees the communicator and finalizes MPI.
+//! MPI is initialized asking for `MPI_THREAD_MULTIPLE` and accepting `MPI_THREAD_SERIALIZED`.
+//! Each [`Mpi`]'s methods take `&mut self`, so its own calls never overlap and the value can
+//! move to another thread (the engine's). With `MPI_THREAD_SERIALIZED` only one [`Mpi`]
+//! exists per process and a split fails with [`Error::Env`]; with `MPI_THREAD_MULTIPLE` the
+//! world and its groups may be used from different threads at once. Dropping an [`Mpi`] frees
+//! its communicator; MPI is finalized when the world and every group split from it are gone.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mpi::environment::{Threading, Universe};
 use mpi::ffi;
 
+use crate::split::{self, Group, Split};
 use crate::{Error, Op, Result, Transport, DEFAULT_TIMEOUT};
 
 /// The tag of every message of the transport (on its own communicator).
@@ -104,7 +120,8 @@ struct Stranded {
     _buf: Vec<u8>,
 }
 
-/// This process's rank of an MPI job (see the [module docs](self)).
+/// This process's rank of an MPI job, or of a group split from it (see the
+/// [module docs](self)).
 pub struct Mpi {
     comm: ffi::MPI_Comm,
     rank: usize,
@@ -117,14 +134,21 @@ pub struct Mpi {
     /// `MPI_IN_PLACE` of the library, when known (Open MPI, MPICH and derivatives).
     in_place: Option<usize>,
     library: String,
-    /// Last field: finalizes MPI when dropped, after `Drop::drop` freed the communicator.
-    _universe: Universe,
+    /// The thread level MPI provides (at least `Serialized`, checked in `init`).
+    threading: Threading,
+    /// Splits of this communicator so far.
+    splits: u32,
+    /// Last field: shared by the world and its groups; the last of them to drop finalizes
+    /// MPI, after its `Drop::drop` freed its communicator.
+    _universe: Arc<Universe>,
 }
 
-// SAFETY: MPI runs at MPI_THREAD_SERIALIZED (checked in `init`), only one `Mpi` exists per
-// process (MPI initializes once), and every MPI call goes through `&mut self` or `&self`
-// methods of that one value, which Rust's borrow rules keep from overlapping (`Mpi` is not
-// `Sync`). The raw handles it holds are only used through it.
+// SAFETY: every MPI call goes through `&mut self` or `&self` methods of one `Mpi`, which
+// Rust's borrow rules keep from overlapping (`Mpi` is not `Sync`), and the raw handles it
+// holds are only used through it. At MPI_THREAD_SERIALIZED (the least `init` accepts) only
+// one `Mpi` exists per process (MPI initializes once, and `split` refuses to make groups);
+// several exist (the world and its groups) only at MPI_THREAD_MULTIPLE, where MPI allows
+// calls from different threads at once.
 unsafe impl Send for Mpi {}
 
 /// Whether the environment says this process was started by an MPI launcher
@@ -151,10 +175,11 @@ impl Mpi {
     }
 
     /// Initializes MPI (a singleton world of one rank when not started by a launcher) and
-    /// returns this process's rank. Fails with [`Error::Env`] when MPI was already
-    /// initialized in this process or lacks `MPI_THREAD_SERIALIZED`.
+    /// returns this process's rank. Asks for `MPI_THREAD_MULTIPLE` (which groups need);
+    /// fails with [`Error::Env`] when MPI was already initialized in this process or lacks
+    /// `MPI_THREAD_SERIALIZED`.
     pub fn init() -> Result<Mpi> {
-        let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| Error::Env {
                 reason: "MPI is already initialized in this process (it initializes once; \
                          keep the first Mpi)"
@@ -210,8 +235,16 @@ impl Mpi {
             stranded: Vec::new(),
             in_place,
             library,
-            _universe: universe,
+            threading,
+            splits: 0,
+            _universe: Arc::new(universe),
         })
+    }
+
+    /// Whether MPI lets this process's transports (the world and its groups) be used from
+    /// several threads at once (`MPI_THREAD_MULTIPLE`), which [`Split::split`] needs.
+    pub fn thread_multiple(&self) -> bool {
+        self.threading >= Threading::Multiple
     }
 
     /// The MPI library's version string (`MPI_Get_library_version`).
@@ -623,6 +656,102 @@ impl Transport for Mpi {
 
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent
+    }
+
+    fn splitter(&mut self) -> Option<&mut dyn Split> {
+        Some(self)
+    }
+}
+
+/// `MPI_Comm_split` on the transport's communicator, after the ranks agreed on the groups
+/// (see the [module docs](self)).
+impl Split for Mpi {
+    fn split(&mut self, color: u32, key: u32) -> Result<Group> {
+        if !self.thread_multiple() {
+            return Err(Error::Env {
+                reason: format!(
+                    "splitting the mpi transport needs MPI_THREAD_MULTIPLE (its groups are                      used from several threads); the library offers {:?}",
+                    self.threading
+                ),
+            });
+        }
+        let seq = self.splits;
+        self.splits += 1;
+        let plan = split::agree(self, seq, color, key)?;
+        // MPI takes a non-negative `int` color and an `int` key: the group's lowest parent
+        // rank names it, and the group rank the plan gave orders it (MPI then numbers the
+        // members exactly as the plan does).
+        let mpi_color = plan
+            .members
+            .iter()
+            .copied()
+            .min()
+            .expect("a rank is in its group");
+        let (Ok(mpi_color), Ok(mpi_key)) = (c_int::try_from(mpi_color), c_int::try_from(plan.rank))
+        else {
+            return Err(Error::Misuse {
+                what: "a group rank beyond MPI's int",
+            });
+        };
+        let mut comm: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
+        // SAFETY: a valid communicator; the out-pointer is a valid local.
+        let rc = unsafe { ffi::MPI_Comm_split(self.comm, mpi_color, mpi_key, &mut comm) };
+        if rc != 0 {
+            return Err(plan.name_error(Error::Mpi {
+                peer: None,
+                code: rc,
+                message: format!("MPI_Comm_split: {}", error_string(rc)),
+            }));
+        }
+        let (mut rank, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: `comm` is the new, valid communicator; the out-pointers are valid locals.
+        let rc = unsafe {
+            let mut rc = ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN);
+            if rc == 0 {
+                rc = ffi::MPI_Comm_rank(comm, &mut rank);
+            }
+            if rc == 0 {
+                rc = ffi::MPI_Comm_size(comm, &mut size);
+            }
+            rc
+        };
+        let numbered_alike = rank as usize == plan.rank && size as usize == plan.members.len();
+        if rc != 0 || !numbered_alike {
+            // SAFETY: the communicator was created above and is used by nothing else.
+            unsafe { ffi::MPI_Comm_free(&mut comm) };
+            return Err(plan.name_error(if rc != 0 {
+                Error::Mpi {
+                    peer: None,
+                    code: rc,
+                    message: format!("setting up the group's communicator: {}", error_string(rc)),
+                }
+            } else {
+                Error::Misuse {
+                    what: "MPI_Comm_split numbered the group unlike the agreed plan",
+                }
+            }));
+        }
+        let sub = Mpi {
+            comm,
+            rank: plan.rank,
+            world_size: plan.members.len(),
+            timeout: self.timeout,
+            bytes_sent: 0,
+            stage: Vec::new(),
+            stranded: Vec::new(),
+            in_place: self.in_place,
+            library: self.library.clone(),
+            threading: self.threading,
+            splits: 0,
+            _universe: Arc::clone(&self._universe),
+        };
+        tracing::debug!(
+            rank = self.rank,
+            color,
+            group_rank = plan.rank,
+            "mpi group communicator up"
+        );
+        Ok(Group::new(Box::new(sub), plan.color, plan.members))
     }
 }
 
