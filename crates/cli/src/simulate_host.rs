@@ -1,99 +1,26 @@
-//! Compute and step of P ranks that share the cores of one host (`gradwire simulate
-//! --host-cores`), measured rather than scaled.
+//! Starting the P ranks of `gradwire simulate --host-cores` and gathering their timings.
 //!
-//! [`lockstep_step`]: P processes, each a copy of the model, run their training steps at
-//! once, each handing its gradient to an engine with the codec, the ranks joined over TCP on
-//! 127.0.0.1 without link emulation, as `gradwire train`'s workers are: a whole training step
-//! as the P ranks run it on this host, all its CPU work included (compute, the codec, the
-//! engine's planning and copies, the TCP stack, and the ranks' contention for the cores while
-//! they do it). A step's compute is, per pass, the slowest rank's.
-//!
-//! Why measured: a synchronous step waits for the last rank's gradient, and ranks that share cores
-//! contend for more than the cores (memory, caches). In the validation at `2bdd68f` (2026-12-03), 8
-//! ranks on 2 cores passed in 44-58 ms each, the slowest of each pass 49-65 ms, against 32 ms for
-//! one process's 8 ms scaled by `P / cores`; the scaled figure under-predicted every DGC and 1-bit
-//! SGD cell over 1 Gbit/s by 16-39%, the lockstep one came within 5% at 4 and 8 ranks there. Each
-//! rank computes with the threads `gradwire train` would give its worker process; on the one global
-//! pool, 2 ranks on 2 cores read up to twice the runs' compute (validation at `910f55f`,
-//! 2026-12-04). Why the whole step (`feb217b`): the codec costs measured with the machine to itself
-//! and multiplied by `P / cores` left out CPU work the runs do, and the runs' compute reads more
-//! than the compute-only lockstep's because the other ranks' codec work shares the cores with it: 8
-//! ranks of 1-bit SGD without a link stepped in 121-146 ms against 103 ms predicted that way. Each
-//! pass is what the trainer counts as compute (forward, backward, an SGD-with-momentum update over
-//! every parameter, the parameters handed back to the model); every rank has its own model copy.
-
-use std::time::Instant;
+//! [`lockstep_step`] starts P processes of this binary (`simulate --host-worker`), each a copy
+//! of the model, joined over TCP on 127.0.0.1 without link emulation, as `gradwire train`'s
+//! workers are; each runs [`host_worker`], whose training steps through the engine are
+//! [`gradwire_train::measure::rank_steps`], and rank 0 prints the ranks' timings summarized
+//! ([`gradwire_train::measure::summarize`]) as one [`HostStep`]. What is measured, and why it
+//! is measured rather than scaled, is [`gradwire_train::measure::host`]'s module doc.
 
 use anyhow::{bail, Context, Result};
 use gradwire_codec::CodecConfig;
-use gradwire_engine::{Engine, EngineConfig, TensorSpec};
+use gradwire_engine::EngineConfig;
 use gradwire_train::data::{Batch, DataShape};
-use gradwire_train::Model;
-use gradwire_transport::Transport;
+use gradwire_train::measure::{rank_steps, summarize, HostStep, MAX_SHARED_WORKERS};
 
 use crate::simulate::SimulateArgs;
-
-use crate::simulate::WARMUP_PASSES;
-
-/// Lockstep passes timed per rank (after [`WARMUP_PASSES`]).
-pub const LOCKSTEP_PASSES: usize = 40;
-/// The most ranks measured sharing one host (each holds a model copy; beyond this the
-/// measurement would take minutes and gigabytes).
-pub const MAX_SHARED_WORKERS: usize = 64;
-
-/// Compute per step of `workers` ranks sharing the host.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Lockstep {
-    /// Ranks measured.
-    pub workers: usize,
-    /// Mean seconds of one rank's pass (what a rank's own compute timer reads).
-    pub mean_s: f64,
-    /// Mean over passes of the slowest rank's seconds (what the synchronous step waits for).
-    pub slowest_s: f64,
-}
-
-/// Per pass, the slowest rank's time; then the mean over passes, and the mean of all passes.
-/// `times[r][i]` is rank `r`'s pass `i`; every rank has the same number of passes.
-pub fn summarize(times: &[Vec<f64>]) -> Lockstep {
-    let workers = times.len();
-    let passes = times.first().map_or(0, Vec::len);
-    if workers == 0 || passes == 0 {
-        return Lockstep {
-            workers,
-            mean_s: 0.0,
-            slowest_s: 0.0,
-        };
-    }
-    let slowest: f64 = (0..passes)
-        .map(|i| times.iter().map(|t| t[i]).fold(0.0, f64::max))
-        .sum::<f64>()
-        / passes as f64;
-    let mean = times.iter().flatten().sum::<f64>() / (workers * passes) as f64;
-    Lockstep {
-        workers,
-        mean_s: mean,
-        slowest_s: slowest,
-    }
-}
-
-/// A whole step of `workers` ranks sharing the host, measured without a link.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct HostStep {
-    /// Ranks measured.
-    pub workers: usize,
-    /// The codec (spec) the engine ran.
-    pub codec: String,
-    /// The compute of the step: per pass the slowest rank's compute, as in [`Lockstep`].
-    pub compute: Lockstep,
-    /// Seconds per step: the ranks' mean time from one pass's start to the next's.
-    pub step_s: f64,
-}
 
 /// Runs `workers` ranks at once, each a process of this binary (`simulate --host-worker`,
 /// started as `gradwire train` starts its workers) with its own model copy and the threads
 /// `gradwire train` would give it (the host's `cores` divided among the ranks), for
-/// [`LOCKSTEP_PASSES`] training steps, each rank's gradient all-reduced through an engine
-/// with `codec` over TCP on 127.0.0.1, no link emulation. The engine runs past any warm-up
+/// [`LOCKSTEP_PASSES`](gradwire_train::measure::LOCKSTEP_PASSES) training steps, each rank's
+/// gradient all-reduced through an engine with `codec` over TCP on 127.0.0.1, no link
+/// emulation. The engine runs past any warm-up
 /// (DGC's sparsity schedule), as the codec measurements do. Processes, not threads: ranks as
 /// threads of one process read 15% more per step than the runs' processes at 4 ranks on 2
 /// cores (measured at `feb217b`, 2026-12-04), as their compute did on one shared thread pool
@@ -175,83 +102,4 @@ pub fn host_worker(
     };
     println!("{}", serde_json::to_string(&h)?);
     Ok(())
-}
-
-/// One rank's training steps through the engine: its compute per timed pass, the mean
-/// seconds per step over the timed passes (the collective keeps the ranks in step), and the
-/// transport back.
-fn rank_steps<T: Transport + 'static>(
-    mut model: Box<dyn Model>,
-    batch: &Batch,
-    transport: T,
-    config: &EngineConfig,
-) -> Result<(Vec<f64>, f64, Box<dyn Transport>)> {
-    let tensors = model.tensors();
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(gradwire_train::ParamTensor::spec)
-        .collect();
-    let mut ranges = Vec::with_capacity(tensors.len());
-    let mut at = 0;
-    for t in &tensors {
-        ranges.push(at..at + t.len());
-        at += t.len();
-    }
-    let engine = Engine::start(transport, config.clone(), &specs)?;
-    let (mut grad, mut params) = (Vec::new(), Vec::new());
-    model.params(&mut params);
-    let mut velocity = vec![0f32; params.len()];
-    let lr = std::hint::black_box(0.0f32);
-    let mut compute = Vec::with_capacity(LOCKSTEP_PASSES);
-    let mut timed_from = None;
-    for i in 0..WARMUP_PASSES + LOCKSTEP_PASSES {
-        let t0 = Instant::now();
-        if i == WARMUP_PASSES {
-            timed_from = Some(t0);
-        }
-        model
-            .forward_backward(batch, &mut grad)
-            .context("a rank's training pass")?;
-        let fb = t0.elapsed();
-        engine.set_progress(1_000_000, 1_000.0);
-        // Output layer first, as a backward pass hands them over and the trainer submits.
-        let handles = engine.all_reduce_batch_unflushed(
-            (0..specs.len())
-                .rev()
-                .map(|j| (specs[j].name.as_str(), grad[ranges[j].clone()].to_vec())),
-        );
-        for (j, h) in (0..specs.len()).rev().zip(handles) {
-            let got = h.wait()?;
-            grad[ranges[j].clone()].copy_from_slice(&got);
-        }
-        let t1 = Instant::now();
-        for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
-            *v = 0.9 * *v + g;
-            *p -= lr * *v;
-        }
-        model.set_params(&params);
-        if i >= WARMUP_PASSES {
-            compute.push((fb + t1.elapsed()).as_secs_f64());
-        }
-    }
-    let step_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64() / LOCKSTEP_PASSES as f64);
-    let t = engine.shutdown()?;
-    Ok((compute, step_s, t))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_step_waits_for_the_slowest_rank_of_each_pass() {
-        // Two ranks, three passes: the slowest of each pass is 3, 5, 4 (mean 4); all six
-        // passes average 3.
-        let times = vec![vec![3.0, 1.0, 4.0], vec![2.0, 5.0, 3.0]];
-        let l = summarize(&times);
-        assert_eq!(l.workers, 2);
-        assert!((l.slowest_s - 4.0).abs() < 1e-12, "{l:?}");
-        assert!((l.mean_s - 3.0).abs() < 1e-12, "{l:?}");
-        assert_eq!(summarize(&[]).slowest_s, 0.0);
-    }
 }

@@ -57,6 +57,7 @@
 pub mod checkpoint;
 pub mod data;
 mod error;
+pub mod measure;
 pub mod model;
 pub mod optim;
 pub mod sandblaster;
