@@ -177,10 +177,27 @@ impl CodecConfig {
         self.id().name()
     }
 
-    /// The capabilities of the codec this config builds (they do not depend on the build
-    /// context).
+    /// Whether the codec this config builds is unbiased and who keeps its residual (they do
+    /// not depend on the build context).
     pub fn caps(&self) -> Caps {
         self.build(&BuildContext::single(0)).caps()
+    }
+
+    /// Whether the codec this config builds has a sparse form ([`Codec::sparse_encode`]), for
+    /// choosing a strategy before building one (it does not depend on the build context).
+    pub fn sparsifies(&self) -> bool {
+        self.build(&BuildContext::single(0))
+            .sparse_encode()
+            .is_some()
+    }
+
+    /// Whether the codec this config builds needs scalars agreed over ranks
+    /// ([`Codec::shared_scalars`]) before every encode (it does not depend on the build
+    /// context).
+    pub fn needs_shared_scalars(&self) -> bool {
+        self.build(&BuildContext::single(0))
+            .shared_scalars()
+            .is_some()
     }
 
     /// The runtime codec (wrapped in error feedback when the config asks for it).

@@ -70,7 +70,7 @@ use crate::sparse::{
 };
 use crate::{
     segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
-    Progress, SparseGrad, StateReader, StateWriter, StepRng,
+    Progress, SparseEncode, SparseGrad, StateReader, StateWriter, StepRng,
 };
 
 /// Parameters of `dgc:ratio=0.001[,momentum=0.9][,nesterov=false][,clip=0][,warmup_epochs=4]
@@ -393,11 +393,14 @@ impl Codec for Dgc {
     }
 
     fn caps(&self) -> Caps {
-        Caps::sparsifier(Feedback::Owned)
+        Caps {
+            feedback: Feedback::Owned,
+            ..Caps::default()
+        }
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
-        self.select(grad, out);
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        Some(self)
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -428,6 +431,12 @@ impl Codec for Dgc {
         self.u = u;
         self.v = v;
         Ok(())
+    }
+}
+
+impl SparseEncode for Dgc {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        self.select(grad, out);
     }
 }
 

@@ -4,8 +4,8 @@
 //!
 //! With residual `r` (zero at first): `x = g + r`, send `encode(x)`, then
 //! `r = x - decode(encode(x))`, so `sent + r_new == g + r_old` up to one rounding. Codecs
-//! may fuse the three passes ([`Codec::encode_feedback`], announced by
-//! [`crate::Caps::fused_feedback`]); otherwise the wrapper runs them with a reused scratch
+//! may fuse the three passes ([`crate::FeedbackEncode`], offered by
+//! [`Codec::feedback_encode`]); otherwise the wrapper runs them with a reused scratch
 //! buffer. The residual is part of the saved state. This is the crate's one generic
 //! error-feedback mechanism ([`Feedback::Generic`]); the codecs whose selection reads the
 //! residual keep their own instead ([`Feedback::Owned`], rule in the crate doc).
@@ -15,7 +15,8 @@
 
 use crate::simd::multiversion;
 use crate::{
-    Caps, Codec, CodecId, DecodeError, Feedback, Progress, SparseGrad, StateReader, StateWriter,
+    Caps, Codec, CodecId, DecodeError, Feedback, Progress, SharedScalars, SparseEncode, SparseGrad,
+    StateReader, StateWriter,
 };
 
 const EF_TAG: u64 = 0x4546;
@@ -113,9 +114,11 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         crate::sparse::fit(&mut self.residual, grad.len());
-        if self.fused && self.inner.caps().fused_feedback {
-            self.inner.encode_feedback(grad, &mut self.residual, out);
-            return;
+        if self.fused {
+            if let Some(fused) = self.inner.feedback_encode() {
+                fused.encode_feedback(grad, &mut self.residual, out);
+                return;
+            }
         }
         self.load_x(grad);
         self.inner.encode(&self.scratch, out);
@@ -134,14 +137,12 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.inner.decode_add(payload, acc)
     }
 
-    /// The inner codec's capabilities, with the residual kept here: [`Feedback::Generic`],
-    /// biased (it sends `grad + residual`), and no fused kernel of its own.
+    /// The residual is kept here ([`Feedback::Generic`]), and the wrapper is biased (it sends
+    /// `grad + residual`).
     fn caps(&self) -> Caps {
         Caps {
             feedback: Feedback::Generic,
             unbiased: false,
-            fused_feedback: false,
-            ..self.inner.caps()
         }
     }
 
@@ -149,31 +150,19 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.inner.set_progress(progress)
     }
 
-    fn local_scalars(&self, grad: &[f32]) -> Vec<f32> {
-        if self.residual.len() != grad.len() {
-            return self.inner.local_scalars(grad);
+    /// The inner codec's sparse form, run on `grad + residual` (no fused kernel of its own).
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        match self.inner.sparse_encode() {
+            Some(_) => Some(self),
+            None => None,
         }
-        let x: Vec<f32> = grad
-            .iter()
-            .zip(&self.residual)
-            .map(|(g, r)| g + r)
-            .collect();
-        self.inner.local_scalars(&x)
     }
 
-    fn set_shared_scalars(&mut self, values: &[f32]) {
-        self.inner.set_shared_scalars(values)
-    }
-
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
-        crate::sparse::fit(&mut self.residual, grad.len());
-        self.load_x(grad);
-        self.inner.encode_sparse(&self.scratch, out);
-        std::mem::swap(&mut self.residual, &mut self.scratch);
-        for (&i, &v) in out.indices.iter().zip(&out.values) {
-            if let Some(r) = self.residual.get_mut(i as usize) {
-                *r -= v;
-            }
+    /// The inner codec's shared scalars, computed from `grad + residual`.
+    fn shared_scalars(&mut self) -> Option<&mut dyn SharedScalars> {
+        match self.inner.shared_scalars() {
+            Some(_) => Some(self),
+            None => None,
         }
     }
 
@@ -200,6 +189,57 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
         self.inner.load_state(inner)?;
         self.residual = residual;
         Ok(())
+    }
+}
+
+/// Forwards to the inner codec's [`SparseEncode`] on `x = grad + residual` and keeps
+/// `x - selected` as the residual. An inner codec without a sparse form selects nothing
+/// (`out` empty, all of `x` kept); [`Codec::sparse_encode`] offers this only when the inner
+/// codec has one.
+impl<C: Codec> SparseEncode for ErrorFeedback<C> {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        crate::sparse::fit(&mut self.residual, grad.len());
+        self.load_x(grad);
+        match self.inner.sparse_encode() {
+            Some(inner) => inner.encode_sparse(&self.scratch, out),
+            None => out.clear(),
+        }
+        std::mem::swap(&mut self.residual, &mut self.scratch);
+        for (&i, &v) in out.indices.iter().zip(&out.values) {
+            if let Some(r) = self.residual.get_mut(i as usize) {
+                *r -= v;
+            }
+        }
+    }
+}
+
+/// Forwards to the inner codec's [`SharedScalars`], computing its scalars from
+/// `grad + residual` (what the next encode will send). An inner codec without shared
+/// scalars has none (empty) and ignores agreed ones; [`Codec::shared_scalars`] offers this
+/// only when the inner codec has them.
+impl<C: Codec> SharedScalars for ErrorFeedback<C> {
+    fn local_scalars(&mut self, grad: &[f32]) -> Vec<f32> {
+        let x: Vec<f32>;
+        let from = if self.residual.len() == grad.len() {
+            x = grad
+                .iter()
+                .zip(&self.residual)
+                .map(|(g, r)| g + r)
+                .collect();
+            &x[..]
+        } else {
+            grad
+        };
+        match self.inner.shared_scalars() {
+            Some(inner) => inner.local_scalars(from),
+            None => Vec::new(),
+        }
+    }
+
+    fn set_shared_scalars(&mut self, values: &[f32]) {
+        if let Some(inner) = self.inner.shared_scalars() {
+            inner.set_shared_scalars(values)
+        }
     }
 }
 

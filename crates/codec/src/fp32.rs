@@ -3,7 +3,7 @@
 //! Wire layout: the 12-byte [`crate::Header`] (codec 0), then `count` little-endian `f32`
 //! (bytes `12 + 4i .. 16 + 4i` hold element `i`). Ratio: exactly 1 (plus the header).
 
-use crate::{Caps, Codec, CodecId, DecodeError, Header, HEADER_LEN};
+use crate::{Caps, Codec, CodecId, DecodeError, FeedbackEncode, Header, HEADER_LEN};
 
 /// Sends fp32 values unchanged.
 #[derive(Debug, Clone, Default)]
@@ -29,12 +29,17 @@ impl Codec for Fp32 {
     /// Lossless, so unbiased; a fused kernel for `none:ef=true`.
     fn caps(&self) -> Caps {
         Caps {
-            fused_feedback: true,
             unbiased: true,
             ..Caps::default()
         }
     }
 
+    fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
+        Some(self)
+    }
+}
+
+impl FeedbackEncode for Fp32 {
     fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
         Header::write(out, CodecId::None, grad.len());
         out.reserve(grad.len() * 4);

@@ -11,23 +11,32 @@
 //! [`DecodeError`], never a panic, and never allocates more than the accumulator.
 //!
 //! # Capabilities
-//! Beyond `encode`/`decode_add`, a codec states what else it does in [`Codec::caps`]
-//! ([`Caps`]): whether it emits (index, value) pairs for the sparse all-reduce
-//! ([`Codec::encode_sparse`]), whether the ranks must agree on scalars before it encodes
-//! ([`Codec::local_scalars`], TernGrad's shared max), whether it has a fused error-feedback
-//! kernel ([`Codec::encode_feedback`]), whether it is unbiased, and who keeps its residual.
-//! Callers choose their path from these flags and call a method only when its flag is set;
-//! no method answers "not supported" with a sentinel.
+//! Beyond `encode`/`decode_add`, a codec declares what else it does by type, not by flags:
+//! each capability is a trait of its own, and [`Codec`] has one accessor per capability that
+//! returns `Option<&mut dyn Trait>`, `None` by default (as `Transport::split_step` does).
+//! A codec with the capability implements the trait and overrides the accessor to return
+//! `Some(self)`:
+//! - [`SparseEncode`] ([`Codec::sparse_encode`]): (index, value) pairs for the sparse
+//!   all-reduce (top-k, threshold, random-k, DGC);
+//! - [`SharedScalars`] ([`Codec::shared_scalars`]): scalars the ranks agree on before every
+//!   encode (TernGrad's shared max);
+//! - [`FeedbackEncode`] ([`Codec::feedback_encode`]): a fused error-feedback kernel (fp32,
+//!   1-bit SGD, signSGD).
+//!
+//! Callers choose their path with `if let Some(s) = codec.sparse_encode()`; there is no
+//! method that a codec without the capability would have to answer with a panic or a
+//! sentinel. [`Codec::caps`] keeps only the two value properties: whether the codec is
+//! unbiased and who keeps its residual ([`Caps`]).
 //!
 //! # Error feedback: who owns the residual
 //! One rule. A codec **owns** its residual ([`Feedback::Owned`]) exactly when the residual
 //! decides what is selected: the sparsifiers and selectors of the seed papers (top-k,
 //! threshold, random-k with `ef`, adaptive quantization, and DGC, whose accumulated velocity
 //! plays that part). Their selection reads `g + r` and writes back what stays in the same
-//! pass, [`Codec::encode_sparse`] advances it exactly as `encode` does, and their `ef=`
+//! pass, [`SparseEncode::encode_sparse`] advances it exactly as `encode` does, and their `ef=`
 //! switches their own residual; they are never wrapped. Every other codec keeps no residual:
 //! with `ef=true` the one generic [`ErrorFeedback`] wrapper keeps it ([`Feedback::Generic`]),
-//! running the codec's fused kernel when [`Caps::fused_feedback`] is set and three generic
+//! running the codec's fused kernel when it has one ([`Codec::feedback_encode`]) and three generic
 //! passes otherwise. Without `ef` nobody keeps one ([`Feedback::None`]): the default of the
 //! unbiased codecs (QSGD, TernGrad, scaled random-k) and the plain casts (`none`, `fp16`,
 //! `bf16`), a named option (`ef=false`) for the others. A codec that reports
@@ -271,8 +280,9 @@ pub trait Codec: Send {
     /// lengths, scales, codes) are found before `acc` is touched.
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError>;
 
-    /// What this codec can do beyond `encode`/`decode_add`, and who keeps its residual
-    /// (constant over the codec's life). Default: none of it ([`Caps::default`]).
+    /// Whether this codec is unbiased and who keeps its residual (constant over the codec's
+    /// life). Default: biased, no residual ([`Caps::default`]). What else it can do is
+    /// declared by the capability accessors below, not here.
     fn caps(&self) -> Caps {
         Caps::default()
     }
@@ -280,39 +290,23 @@ pub trait Codec: Send {
     /// Tells the codec where training is (DGC's warm-up, seeded RNG streams).
     fn set_progress(&mut self, _progress: Progress) {}
 
-    /// Scalars that every rank must agree on before encoding (TernGrad's shared max, one per
-    /// tensor), computed from this rank's gradient. Call only when
-    /// [`Caps::shared_scalars`]; the default panics (a caller bug).
-    fn local_scalars(&self, _grad: &[f32]) -> Vec<f32> {
-        panic!(
-            "{} needs no shared scalars: check caps().shared_scalars first",
-            self.id().name()
-        )
+    /// Its (index, value) form for the sparse all-reduce ([`SparseEncode`]), if it has one:
+    /// a sparsifier returns `Some(self)` (top-k, threshold, random-k, DGC). Default: `None`.
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        None
     }
 
-    /// Sets the agreed scalars (the element-wise max over ranks of [`Codec::local_scalars`])
-    /// for the next encode only. Codecs without [`Caps::shared_scalars`] ignore it.
-    fn set_shared_scalars(&mut self, _values: &[f32]) {}
-
-    /// Selects this step's (index, value) pairs into `out` (cleared first) exactly as
-    /// [`Codec::encode`] would (advancing the same state), so a sparse all-reduce can merge
-    /// indices as it reduces. Call only when [`Caps::sparse`]; the default panics (a caller
-    /// bug).
-    fn encode_sparse(&mut self, _grad: &[f32], _out: &mut SparseGrad) {
-        panic!(
-            "{} does not sparsify: check caps().sparse first",
-            self.id().name()
-        )
+    /// Its scalars that the ranks must agree on before every encode ([`SharedScalars`]), if
+    /// any: TernGrad returns `Some(self)`. Default: `None` (nothing to agree on).
+    fn shared_scalars(&mut self) -> Option<&mut dyn SharedScalars> {
+        None
     }
 
-    /// Error feedback fused into the codec: encodes `x = grad + residual` into `out` and sets
-    /// `residual = x - decode(out)` (`residual.len() == grad.len()`). Call only when
-    /// [`Caps::fused_feedback`] ([`ErrorFeedback`] does); the default panics (a caller bug).
-    fn encode_feedback(&mut self, _grad: &[f32], _residual: &mut [f32], _out: &mut Vec<u8>) {
-        panic!(
-            "{} has no fused error feedback: check caps().fused_feedback first",
-            self.id().name()
-        )
+    /// Its fused error-feedback kernel ([`FeedbackEncode`]), if it has one, which
+    /// [`ErrorFeedback`] runs instead of its generic passes: fp32, 1-bit SGD and signSGD
+    /// return `Some(self)`. Default: `None`.
+    fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
+        None
     }
 
     /// Serializes all state (residuals, momenta, RNG position, warm-up position).
@@ -326,25 +320,50 @@ pub trait Codec: Send {
     }
 }
 
-/// What a codec can do beyond `encode`/`decode_add` ([`Codec::caps`]); see the crate doc for
-/// the rule on who owns the residual. `Caps::default()` is a plain dense codec: no sparse
-/// form, no shared scalars, no fused kernel, biased, no residual.
+/// The two properties of a codec that are values, not methods ([`Codec::caps`]): whether it
+/// is unbiased and who keeps its residual (see the crate doc for the rule). What a codec can
+/// *do* beyond `encode`/`decode_add` is declared by its capability accessors
+/// ([`Codec::sparse_encode`], [`Codec::shared_scalars`], [`Codec::feedback_encode`]).
+/// `Caps::default()`: biased, no residual.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Caps {
-    /// Emits (index, value) pairs for the sparse all-reduce: [`Codec::encode_sparse`] selects
-    /// exactly what [`Codec::encode`] sends (top-k, threshold, random-k, DGC).
-    pub sparse: bool,
-    /// The ranks must agree on scalars before every encode: [`Codec::local_scalars`], an
-    /// element-wise max over ranks, then [`Codec::set_shared_scalars`] (TernGrad).
-    pub shared_scalars: bool,
-    /// Has a fused error-feedback kernel, [`Codec::encode_feedback`], that
-    /// [`ErrorFeedback`] runs instead of its generic passes (fp32, 1-bit SGD, signSGD).
-    pub fused_feedback: bool,
     /// `E[decode(encode(g))] == g` (QSGD, TernGrad, scaled random-k; lossless fp32): needs no
     /// residual.
     pub unbiased: bool,
     /// Who keeps what a payload leaves out.
     pub feedback: Feedback,
+}
+
+/// A codec's (index, value) form, for the sparse all-reduce, which merges indices as it
+/// reduces instead of gathering payloads. Implemented by the sparsifiers (top-k, threshold,
+/// random-k, DGC), which return it from [`Codec::sparse_encode`].
+pub trait SparseEncode {
+    /// Selects this step's (index, value) pairs into `out` (cleared first) exactly as
+    /// [`Codec::encode`] would (advancing the same state): the values are what `decode_add`
+    /// of `encode`'s payload would add.
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad);
+}
+
+/// Scalars that every rank must agree on before encoding (TernGrad's shared max, one per
+/// tensor). The caller computes [`SharedScalars::local_scalars`] on every rank, takes the
+/// element-wise max over ranks and hands it back with [`SharedScalars::set_shared_scalars`]
+/// before the next encode. Returned by [`Codec::shared_scalars`].
+pub trait SharedScalars {
+    /// This rank's scalars, computed from its gradient.
+    fn local_scalars(&mut self, grad: &[f32]) -> Vec<f32>;
+
+    /// Sets the agreed scalars (the element-wise max over ranks of
+    /// [`SharedScalars::local_scalars`]) for the next encode only.
+    fn set_shared_scalars(&mut self, values: &[f32]);
+}
+
+/// Error feedback fused into a codec's kernel, run by [`ErrorFeedback`] instead of its three
+/// generic passes (fp32, 1-bit SGD, signSGD). Returned by [`Codec::feedback_encode`].
+pub trait FeedbackEncode {
+    /// Encodes `x = grad + residual` into `out` (cleared first) and sets
+    /// `residual = x - decode(out)` (`residual.len() == grad.len()`); the payload is the one
+    /// `encode(x)` writes.
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>);
 }
 
 /// Who keeps a codec's residual (what its payloads left out, added to the next gradient).
@@ -358,17 +377,6 @@ pub enum Feedback {
     /// The codec itself, fused with its selection (top-k, threshold, random-k with `ef`,
     /// adaptive quantization; DGC's accumulated velocity).
     Owned,
-}
-
-impl Caps {
-    /// A sparsifier's: [`Caps::sparse`], with `feedback`, biased.
-    pub fn sparsifier(feedback: Feedback) -> Caps {
-        Caps {
-            sparse: true,
-            feedback,
-            ..Caps::default()
-        }
-    }
 }
 
 impl Feedback {
@@ -424,17 +432,14 @@ impl Codec for Box<dyn Codec> {
     fn set_progress(&mut self, progress: Progress) {
         (**self).set_progress(progress)
     }
-    fn local_scalars(&self, grad: &[f32]) -> Vec<f32> {
-        (**self).local_scalars(grad)
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        (**self).sparse_encode()
     }
-    fn set_shared_scalars(&mut self, values: &[f32]) {
-        (**self).set_shared_scalars(values)
+    fn shared_scalars(&mut self) -> Option<&mut dyn SharedScalars> {
+        (**self).shared_scalars()
     }
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
-        (**self).encode_sparse(grad, out)
-    }
-    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
-        (**self).encode_feedback(grad, residual, out)
+    fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
+        (**self).feedback_encode()
     }
     fn save_state(&self) -> Vec<u8> {
         (**self).save_state()

@@ -51,8 +51,8 @@ use crate::layout::{expect_len, f32_at, finite};
 use crate::pack::{pack, packed_bytes, unpack_add};
 use crate::simd::multiversion;
 use crate::{
-    BuildContext, Caps, Codec, CodecId, Columns, ConfigError, DecodeError, Header, Params,
-    TensorInfo, HEADER_LEN,
+    BuildContext, Codec, CodecId, Columns, ConfigError, DecodeError, FeedbackEncode, Header,
+    Params, TensorInfo, HEADER_LEN,
 };
 
 /// The run length of `column=shape` when the shapes are unknown.
@@ -257,18 +257,8 @@ impl Codec for OneBit {
         encode_all(&cols, grad, &mut out[HEADER_LEN..]);
     }
 
-    fn caps(&self) -> Caps {
-        Caps {
-            fused_feedback: true,
-            ..Caps::default()
-        }
-    }
-
-    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::OneBit, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        let cols = self.columns(grad.len());
-        encode_fb(&cols, grad, residual, &mut out[HEADER_LEN..]);
+    fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
+        Some(self)
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
@@ -283,6 +273,15 @@ impl Codec for OneBit {
         }
         decode_all(&cols, body, acc);
         Ok(())
+    }
+}
+
+impl FeedbackEncode for OneBit {
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
+        Header::write(out, CodecId::OneBit, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        let cols = self.columns(grad.len());
+        encode_fb(&cols, grad, residual, &mut out[HEADER_LEN..]);
     }
 }
 

@@ -33,7 +33,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::sparse::{check_len, fit, k_for, read_f32, read_u64, step_key};
 use crate::{
     BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params, Progress,
-    SparseGrad, StateReader, StateWriter, HEADER_LEN,
+    SparseEncode, SparseGrad, StateReader, StateWriter, HEADER_LEN,
 };
 
 /// Parameters of `randomk:ratio=0.01[,scale=true|false][,ef=true|false]`.
@@ -210,7 +210,7 @@ impl Codec for RandomK {
         // With a residual the payload estimates `g + r`, not `g` (as under ErrorFeedback).
         Caps {
             unbiased: self.cfg.scale && !self.cfg.ef,
-            ..Caps::sparsifier(Feedback::owned_if(self.cfg.ef))
+            feedback: Feedback::owned_if(self.cfg.ef),
         }
     }
 
@@ -221,13 +221,8 @@ impl Codec for RandomK {
         }
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
-        let (_, scale) = self.select(grad, out);
-        if scale != 1.0 {
-            for v in &mut out.values {
-                *v *= scale;
-            }
-        }
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        Some(self)
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -246,6 +241,17 @@ impl Codec for RandomK {
         r.finish()?;
         (self.step, self.call, self.residual) = (step, call, residual);
         Ok(())
+    }
+}
+
+impl SparseEncode for RandomK {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        let (_, scale) = self.select(grad, out);
+        if scale != 1.0 {
+            for v in &mut out.values {
+                *v *= scale;
+            }
+        }
     }
 }
 

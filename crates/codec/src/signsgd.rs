@@ -20,7 +20,8 @@ use crate::layout::{expect_len, f32_at, finite, segments};
 use crate::pack::{pack, packed_bytes, unpack_add};
 use crate::simd::multiversion;
 use crate::{
-    BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Header, Params, HEADER_LEN,
+    BuildContext, Codec, CodecId, ConfigError, DecodeError, FeedbackEncode, Header, Params,
+    HEADER_LEN,
 };
 
 /// Parameters of EF-signSGD.
@@ -158,17 +159,8 @@ impl Codec for SignSgd {
         encode_all(&self.layout, grad, &mut out[HEADER_LEN..]);
     }
 
-    fn caps(&self) -> Caps {
-        Caps {
-            fused_feedback: true,
-            ..Caps::default()
-        }
-    }
-
-    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::SignSgd, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        encode_fb(&self.layout, grad, residual, &mut out[HEADER_LEN..]);
+    fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
+        Some(self)
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
@@ -181,6 +173,14 @@ impl Codec for SignSgd {
         }
         decode_all(&self.layout, body, acc);
         Ok(())
+    }
+}
+
+impl FeedbackEncode for SignSgd {
+    fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
+        Header::write(out, CodecId::SignSgd, grad.len());
+        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
+        encode_fb(&self.layout, grad, residual, &mut out[HEADER_LEN..]);
     }
 }
 

@@ -5,12 +5,12 @@
 //! tensor's standard deviation, `c = clip`, 2.5 by default, 0 turns clipping off), take
 //! `s = max |clipped|`, and send `s * sign(x_k) * b_k` with `b_k ~ Bernoulli(|x_k| / s)`:
 //! unbiased for the clipped gradient. Scalar sharing (layer-wise, as in the paper):
-//! [`Codec::local_scalars`] returns this rank's `s` of every tensor; after the ranks agree on
-//! the element-wise max and call [`Codec::set_shared_scalars`], the next encode uses tensor
-//! `l`'s shared scale for tensor `l`, so the ternaries of all ranks share it and sum as small
-//! integers. (One scale for the whole model, the max over all tensors, would scale a layer of
-//! small gradients by another layer's large max: almost all its codes become 0 and the
-//! variance explodes.) The Bernoulli draws come from
+//! [`SharedScalars::local_scalars`] returns this rank's `s` of every tensor; after the ranks
+//! agree on the element-wise max and call [`SharedScalars::set_shared_scalars`], the next
+//! encode uses tensor `l`'s shared scale for tensor `l`, so the ternaries of all ranks share
+//! it and sum as small integers. (One scale for the whole model, the max over all tensors,
+//! would scale a layer of small gradients by another layer's large max: almost all its codes
+//! become 0 and the variance explodes.) The Bernoulli draws come from
 //! the codec's `(seed, rank, step)` stream ([`crate::StepRng`]).
 //!
 //! The output layer stays in float by default (`output=float`), as in the reference code
@@ -37,7 +37,7 @@ use crate::rng::uniform;
 use crate::simd::multiversion;
 use crate::{
     BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress,
-    StateReader, StateWriter, StepRng, TensorRole, HEADER_LEN,
+    SharedScalars, StateReader, StateWriter, StepRng, TensorRole, HEADER_LEN,
 };
 
 /// Parameters of TernGrad.
@@ -283,7 +283,6 @@ impl Codec for TernGrad {
     fn caps(&self) -> Caps {
         Caps {
             unbiased: true,
-            shared_scalars: true,
             ..Caps::default()
         }
     }
@@ -292,14 +291,8 @@ impl Codec for TernGrad {
         self.rng.set_step(progress.step);
     }
 
-    fn local_scalars(&self, grad: &[f32]) -> Vec<f32> {
-        segments(&self.layout, grad.len())
-            .map(|s| tensor_stats(&grad[s], self.clip).1)
-            .collect()
-    }
-
-    fn set_shared_scalars(&mut self, values: &[f32]) {
-        self.shared = Some(values.to_vec());
+    fn shared_scalars(&mut self) -> Option<&mut dyn SharedScalars> {
+        Some(self)
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -330,6 +323,18 @@ impl Codec for TernGrad {
         self.rng = rng;
         self.shared = shared;
         Ok(())
+    }
+}
+
+impl SharedScalars for TernGrad {
+    fn local_scalars(&mut self, grad: &[f32]) -> Vec<f32> {
+        segments(&self.layout, grad.len())
+            .map(|s| tensor_stats(&grad[s], self.clip).1)
+            .collect()
+    }
+
+    fn set_shared_scalars(&mut self, values: &[f32]) {
+        self.shared = Some(values.to_vec());
     }
 }
 

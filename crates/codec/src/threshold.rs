@@ -38,7 +38,7 @@ use crate::sparse::{
 };
 use crate::{
     BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Header, Params,
-    SparseGrad, StateReader, StateWriter, HEADER_LEN,
+    SparseEncode, SparseGrad, StateReader, StateWriter, HEADER_LEN,
 };
 
 /// Parameters of `threshold:tau=0.01[,max_ratio=1]`.
@@ -179,11 +179,14 @@ impl Codec for Threshold {
     }
 
     fn caps(&self) -> Caps {
-        Caps::sparsifier(Feedback::Owned)
+        Caps {
+            feedback: Feedback::Owned,
+            ..Caps::default()
+        }
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
-        self.select(grad, out);
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        Some(self)
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -198,6 +201,12 @@ impl Codec for Threshold {
         r.finish()?;
         self.residual = residual;
         Ok(())
+    }
+}
+
+impl SparseEncode for Threshold {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        self.select(grad, out);
     }
 }
 

@@ -60,7 +60,7 @@ use crate::sparse::{
 };
 use crate::{
     segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
-    Progress, SparseGrad, StepRng,
+    Progress, SparseEncode, SparseGrad, StepRng,
 };
 
 /// How top-k finds its threshold.
@@ -318,11 +318,14 @@ impl Codec for TopK {
     }
 
     fn caps(&self) -> Caps {
-        Caps::sparsifier(Feedback::owned_if(self.cfg.ef))
+        Caps {
+            feedback: Feedback::owned_if(self.cfg.ef),
+            ..Caps::default()
+        }
     }
 
-    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
-        self.select(grad, out);
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        Some(self)
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -331,6 +334,12 @@ impl Codec for TopK {
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
         load_rng_residual(state, CodecId::TopK, &mut self.rng, &mut self.residual)
+    }
+}
+
+impl SparseEncode for TopK {
+    fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
+        self.select(grad, out);
     }
 }
 
@@ -379,7 +388,7 @@ mod tests {
             let g = grad(n, 1);
             let mut c = codec(spec, vec![]);
             let mut s = SparseGrad::default();
-            assert!(c.caps().sparse);
+            assert!(c.sparse_encode().is_some());
             c.encode_sparse(&g, &mut s);
             let k = k_for(c.cfg.ratio, n);
             assert_eq!(s.indices, reference(&g, k), "{spec}");

@@ -1,14 +1,38 @@
-//! Every codec of `CodecConfig::examples()` says what it does ([`Codec::caps`]) and does what
-//! it says: the flags are checked against a table written from the papers (below) and
-//! against behaviour (the sparse form agrees with the payload, shared scalars change the
-//! payload, a residual brings left-out signal back on a zero gradient, and the methods of a
-//! capability a codec lacks refuse to run).
-
-use std::panic::{catch_unwind, AssertUnwindSafe};
+//! Every codec of `CodecConfig::examples()` says what it does ([`Codec::caps`] and the
+//! capability accessors [`Codec::sparse_encode`], [`Codec::shared_scalars`],
+//! [`Codec::feedback_encode`]) and does what it says: what it declares is checked against a
+//! table written from the papers (below) and against behaviour (the sparse form agrees with
+//! the payload, shared scalars change the payload, a residual brings left-out signal back on
+//! a zero gradient). A capability a codec lacks has no method to call.
 
 use gradwire_codec::{
     BuildContext, Caps, Codec, CodecConfig, Feedback, Progress, SparseGrad, TensorInfo,
 };
+
+/// Everything a codec declares: its [`Caps`] and which capability accessors answer `Some`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Declared {
+    sparse: bool,
+    shared_scalars: bool,
+    fused_feedback: bool,
+    unbiased: bool,
+    feedback: Feedback,
+}
+
+fn declared(c: &mut dyn Codec) -> Declared {
+    let Caps { unbiased, feedback } = c.caps();
+    Declared {
+        sparse: c.sparse_encode().is_some(),
+        shared_scalars: c.shared_scalars().is_some(),
+        fused_feedback: c.feedback_encode().is_some(),
+        unbiased,
+        feedback,
+    }
+}
+
+fn declared_by(cfg: &CodecConfig) -> Declared {
+    declared(&mut *cfg.build(&BuildContext::single(0)))
+}
 
 const LAYOUT: [usize; 3] = [1500, 500, 37];
 
@@ -30,52 +54,52 @@ fn grad(n: usize, salt: u64) -> Vec<f32> {
 
 /// What each example must report, from its paper and its spec (`ef=` defaults: on for the
 /// biased quantizers and the sparsifiers, off for the unbiased codecs and the casts).
-fn expected(spec: &str) -> Caps {
-    let c = Caps::default();
+fn expected(spec: &str) -> Declared {
+    let c = Declared::default();
     let name = spec.split(':').next().unwrap();
     let has = |p: &str| spec.contains(p);
     match name {
         // Any codec under the generic wrapper: biased (it sends `g + r`), no fused kernel.
-        "none" | "fp16" | "bf16" | "qsgd" if has("ef=true") => Caps {
+        "none" | "fp16" | "bf16" | "qsgd" if has("ef=true") => Declared {
             feedback: Feedback::Generic,
             ..c
         },
         // Lossless (unbiased), fused kernel for `none:ef=true`.
-        "none" => Caps {
+        "none" => Declared {
             unbiased: true,
             fused_feedback: true,
             ..c
         },
         "fp16" | "bf16" => c,
         // Seide 2014: the residual is the paper's; kept by the generic wrapper.
-        "onebit" | "signsgd" if !has("ef=false") => Caps {
+        "onebit" | "signsgd" if !has("ef=false") => Declared {
             feedback: Feedback::Generic,
             ..c
         },
-        "onebit" | "signsgd" => Caps {
+        "onebit" | "signsgd" => Declared {
             fused_feedback: true,
             ..c
         },
-        "powersgd" => Caps {
+        "powersgd" => Declared {
             feedback: Feedback::Generic,
             ..c
         },
-        "qsgd" => Caps {
+        "qsgd" => Declared {
             unbiased: true,
             ..c
         },
         // Wen 2017: shared max scale; unbiased unless error feedback is asked for.
-        "terngrad" if has("ef=true") => Caps {
+        "terngrad" if has("ef=true") => Declared {
             shared_scalars: true,
             feedback: Feedback::Generic,
             ..c
         },
-        "terngrad" => Caps {
+        "terngrad" => Declared {
             shared_scalars: true,
             unbiased: true,
             ..c
         },
-        "topk" => Caps {
+        "topk" => Declared {
             sparse: true,
             feedback: if has("ef=false") {
                 Feedback::None
@@ -84,23 +108,23 @@ fn expected(spec: &str) -> Caps {
             },
             ..c
         },
-        "threshold" | "dgc" => Caps {
+        "threshold" | "dgc" => Declared {
             sparse: true,
             feedback: Feedback::Owned,
             ..c
         },
         // Scaled (default): unbiased, no residual; `scale=false`: biased, own residual.
-        "randomk" if has("scale=false") || has("ef=true") => Caps {
+        "randomk" if has("scale=false") || has("ef=true") => Declared {
             sparse: true,
             feedback: Feedback::Owned,
             ..c
         },
-        "randomk" => Caps {
+        "randomk" => Declared {
             sparse: true,
             unbiased: true,
             ..c
         },
-        "adaptive" => Caps {
+        "adaptive" => Declared {
             feedback: Feedback::Owned,
             ..c
         },
@@ -119,9 +143,9 @@ fn build(cfg: &CodecConfig) -> Box<dyn Codec> {
 
 /// Agrees on scalars (one rank: its own) when the codec needs them, then encodes.
 fn encode(c: &mut Box<dyn Codec>, g: &[f32], out: &mut Vec<u8>) {
-    if c.caps().shared_scalars {
-        let s = c.local_scalars(g);
-        c.set_shared_scalars(&s);
+    if let Some(sh) = c.shared_scalars() {
+        let s = sh.local_scalars(g);
+        sh.set_shared_scalars(&s);
     }
     c.encode(g, out);
 }
@@ -132,21 +156,20 @@ fn decoded(c: &dyn Codec, payload: &[u8], n: usize) -> Vec<f32> {
     acc
 }
 
-fn refuses(f: impl FnOnce()) -> bool {
-    catch_unwind(AssertUnwindSafe(f)).is_err()
-}
-
 #[test]
 fn caps_match_the_papers() {
     for cfg in CodecConfig::examples() {
         let spec = cfg.to_string();
-        let caps = cfg.caps();
+        let caps = declared_by(&cfg);
         assert_eq!(caps, expected(&spec), "{spec}");
         assert_eq!(
-            build(&cfg).caps(),
+            declared(&mut *build(&cfg)),
             caps,
             "{spec}: caps depend on the context"
         );
+        assert_eq!(cfg.caps(), build(&cfg).caps(), "{spec}");
+        assert_eq!(cfg.sparsifies(), caps.sparse, "{spec}");
+        assert_eq!(cfg.needs_shared_scalars(), caps.shared_scalars, "{spec}");
         // The rule of the crate doc: an unbiased codec keeps no residual.
         assert!(!caps.unbiased || caps.feedback == Feedback::None, "{spec}");
     }
@@ -160,14 +183,14 @@ fn caps_match_the_papers() {
         "signsgd:ef=false",
     ] {
         let cfg: CodecConfig = spec.parse().unwrap();
-        let caps = cfg.caps();
+        let caps = declared_by(&cfg);
         assert_eq!(caps, expected(&cfg.to_string()), "{spec}");
         assert!(!caps.unbiased || caps.feedback == Feedback::None, "{spec}");
     }
 }
 
-/// `sparse` iff `encode_sparse` works, and then it selects exactly what `encode` sends and
-/// advances the state the same way.
+/// A sparse form ([`Codec::sparse_encode`]) selects exactly what `encode` sends and advances
+/// the state the same way.
 #[test]
 fn sparse_form_agrees_with_the_payload() {
     let n: usize = LAYOUT.iter().sum();
@@ -175,11 +198,7 @@ fn sparse_form_agrees_with_the_payload() {
     for cfg in CodecConfig::examples() {
         let spec = cfg.to_string();
         let (mut a, mut b) = (build(&cfg), build(&cfg));
-        if !cfg.caps().sparse {
-            assert!(
-                refuses(|| b.encode_sparse(&grad(n, 1), &mut SparseGrad::default())),
-                "{spec}: encode_sparse ran without caps().sparse"
-            );
+        if b.sparse_encode().is_none() {
             continue;
         }
         sparse += 1;
@@ -189,7 +208,7 @@ fn sparse_form_agrees_with_the_payload() {
             let g = grad(n, step);
             encode(&mut a, &g, &mut out);
             let want = decoded(&*a, &out, n);
-            b.encode_sparse(&g, &mut s);
+            b.sparse_encode().unwrap().encode_sparse(&g, &mut s);
             assert!(s.indices.windows(2).all(|w| w[0] < w[1]), "{spec}");
             let mut got = vec![0.0f32; n];
             for (&i, &v) in s.indices.iter().zip(&s.values) {
@@ -212,8 +231,8 @@ fn sparse_form_agrees_with_the_payload() {
     );
 }
 
-/// `shared_scalars` iff the agreed scalars change the payload; `local_scalars` gives one
-/// per tensor and refuses to run without the capability.
+/// Shared scalars ([`Codec::shared_scalars`]) change the payload; `local_scalars` gives one
+/// per tensor.
 #[test]
 fn shared_scalars_shape_the_payload() {
     let n: usize = LAYOUT.iter().sum();
@@ -222,30 +241,20 @@ fn shared_scalars_shape_the_payload() {
         let spec = cfg.to_string();
         let (mut a, mut b) = (build(&cfg), build(&cfg));
         let (mut pa, mut pb) = (Vec::new(), Vec::new());
-        if cfg.caps().shared_scalars {
-            let s = a.local_scalars(&g);
-            assert_eq!(s.len(), LAYOUT.len(), "{spec}: one scalar per tensor");
-            assert!(s.iter().all(|&x| x > 0.0), "{spec}: {s:?}");
-            a.set_shared_scalars(&s);
-            b.set_shared_scalars(&s.iter().map(|x| 4.0 * x).collect::<Vec<_>>());
-            a.encode(&g, &mut pa);
-            b.encode(&g, &mut pb);
-            assert_ne!(pa, pb, "{spec}: the shared scalars are ignored");
-        } else {
-            assert!(
-                refuses(|| {
-                    a.local_scalars(&g);
-                }),
-                "{spec}: local_scalars ran without caps().shared_scalars"
-            );
-            b.set_shared_scalars(&[1e6; LAYOUT.len()]);
-            a.encode(&g, &mut pa);
-            b.encode(&g, &mut pb);
-            assert_eq!(
-                pa, pb,
-                "{spec}: shared scalars changed a codec that needs none"
-            );
-        }
+        let Some(sa) = a.shared_scalars() else {
+            assert!(b.shared_scalars().is_none(), "{spec}");
+            continue;
+        };
+        let s = sa.local_scalars(&g);
+        assert_eq!(s.len(), LAYOUT.len(), "{spec}: one scalar per tensor");
+        assert!(s.iter().all(|&x| x > 0.0), "{spec}: {s:?}");
+        sa.set_shared_scalars(&s);
+        b.shared_scalars()
+            .unwrap()
+            .set_shared_scalars(&s.iter().map(|x| 4.0 * x).collect::<Vec<_>>());
+        a.encode(&g, &mut pa);
+        b.encode(&g, &mut pb);
+        assert_ne!(pa, pb, "{spec}: the shared scalars are ignored");
     }
 }
 
@@ -262,19 +271,20 @@ fn feedback_kind_matches_behaviour() {
         encode(&mut c, &grad(n, 2), &mut out);
         encode(&mut c, &zeros, &mut out);
         let back = decoded(&*c, &out, n).iter().any(|&x| x != 0.0);
-        let caps = cfg.caps();
+        let caps = declared_by(&cfg);
         assert_eq!(
             back,
             caps.feedback != Feedback::None,
             "{spec}: feedback {:?}",
             caps.feedback
         );
-        if caps.fused_feedback {
+        assert_eq!(c.feedback_encode().is_some(), caps.fused_feedback, "{spec}");
+        if let Some(fused) = c.feedback_encode() {
             // The fused kernel keeps `sent + residual == grad + residual_before`.
             let mut r: Vec<f32> = grad(n, 3).iter().map(|x| x * 0.1).collect();
             let before = r.clone();
             let g = grad(n, 5);
-            c.encode_feedback(&g, &mut r, &mut out);
+            fused.encode_feedback(&g, &mut r, &mut out);
             let sent = decoded(&*c, &out, n);
             for i in 0..n {
                 let want = g[i] + before[i];
@@ -283,11 +293,6 @@ fn feedback_kind_matches_behaviour() {
                     "{spec} [{i}]"
                 );
             }
-        } else {
-            assert!(
-                refuses(|| c.encode_feedback(&zeros, &mut zeros.clone(), &mut Vec::new())),
-                "{spec}: encode_feedback ran without caps().fused_feedback"
-            );
         }
     }
 }
@@ -301,6 +306,10 @@ fn caps_ignore_shapes() {
         TensorInfo::new([500], TensorRole::Bias),
     ]);
     for cfg in CodecConfig::examples() {
-        assert_eq!(cfg.build(&shaped).caps(), cfg.caps(), "{cfg}");
+        assert_eq!(
+            declared(&mut *cfg.build(&shaped)),
+            declared_by(&cfg),
+            "{cfg}"
+        );
     }
 }

@@ -164,8 +164,9 @@ fn dgc_sends_one_dimensional_tensors_dense() {
     let cfg: CodecConfig = "dgc:ratio=0.01,momentum=0,warmup_epochs=0".parse().unwrap();
     let mut c = cfg.build(&ctx());
     let mut s = SparseGrad::default();
-    assert!(c.caps().sparse);
-    c.encode_sparse(&grad(n, 3), &mut s);
+    c.sparse_encode()
+        .expect("dgc sparsifies")
+        .encode_sparse(&grad(n, 3), &mut s);
     let mut at = 0;
     for t in &ts {
         let numel = t.numel();
@@ -185,8 +186,9 @@ fn dgc_sends_one_dimensional_tensors_dense() {
     // Without shapes, the fallback: tensors under 1024 elements dense.
     let flat = BuildContext::new(3, 1, 4, ts.iter().map(TensorInfo::numel).collect());
     let mut c = cfg.build(&flat);
-    assert!(c.caps().sparse);
-    c.encode_sparse(&grad(n, 3), &mut s);
+    c.sparse_encode()
+        .expect("dgc sparsifies")
+        .encode_sparse(&grad(n, 3), &mut s);
     let dense_small: usize = ts.iter().map(TensorInfo::numel).filter(|&m| m < 1024).sum();
     assert!(s.indices.len() >= dense_small);
 }
@@ -224,8 +226,9 @@ fn dgc_split_follows_the_reference_rule_at_0_1_percent() {
         });
         let mut s = SparseGrad::default();
         for step in 0..3 {
-            assert!(c.caps().sparse);
-            c.encode_sparse(&grad(n, 11 + step), &mut s);
+            c.sparse_encode()
+                .expect("dgc sparsifies")
+                .encode_sparse(&grad(n, 11 + step), &mut s);
             let mut at = 0;
             let got: Vec<usize> = ts
                 .iter()

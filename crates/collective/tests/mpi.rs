@@ -779,8 +779,7 @@ fn compressed_checks(t: &mut Mpi, k: &mut Tally) {
     let (rank, world) = (t.rank(), t.world_size());
     const STEPS: usize = 2;
     for cfg in CodecConfig::examples() {
-        let caps = cfg.caps();
-        let (needs_scalar, sparsifies) = (caps.shared_scalars, caps.sparse);
+        let (needs_scalar, sparsifies) = (cfg.needs_shared_scalars(), cfg.sparsifies());
         for len in [0usize, 1, 37, 1000] {
             if k.broken {
                 return;
@@ -791,15 +790,16 @@ fn compressed_checks(t: &mut Mpi, k: &mut Tally) {
             let mut want = Vec::new();
             for step in 0..STEPS {
                 let grads: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
-                let shared = (0..world)
-                    .filter(|&r| codecs[r].caps().shared_scalars)
-                    .map(|r| codecs[r].local_scalars(&grads[r]))
+                let shared = codecs
+                    .iter_mut()
+                    .zip(&grads)
+                    .filter_map(|(c, g)| c.shared_scalars().map(|s| s.local_scalars(g)))
                     .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
                 let mut acc = vec![0.0f32; len];
                 let mut payloads = Vec::new();
                 for r in 0..world {
-                    if let Some(s) = &shared {
-                        codecs[r].set_shared_scalars(s);
+                    if let (Some(s), Some(c)) = (&shared, codecs[r].shared_scalars()) {
+                        c.set_shared_scalars(s);
                     }
                     let mut p = Vec::new();
                     codecs[r].encode(&grads[r], &mut p);
@@ -839,6 +839,7 @@ fn compressed_checks(t: &mut Mpi, k: &mut Tally) {
                     let mut acc = vec![0.0f32; len];
                     let mut s = SparseGrad::default();
                     for (r, c) in codecs.iter_mut().enumerate() {
+                        let c = c.sparse_encode().expect("a sparsifier");
                         c.encode_sparse(&grad(r, step, len), &mut s);
                         for (&i, &v) in s.indices.iter().zip(&s.values) {
                             acc[i as usize] += v;

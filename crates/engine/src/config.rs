@@ -563,15 +563,14 @@ impl EngineConfig {
 
 /// Refuses the codec/strategy pairs that cannot run.
 fn check_pair(tensor: &str, codec: &CodecConfig, strategy: Strategy) -> Result<()> {
-    let caps = codec.caps();
     let why = match strategy {
         Strategy::Dense if codec.id() != CodecId::None || has_feedback(codec) => {
             Some("dense carries raw fp32; use codec 'none' (without ef) or another strategy")
         }
-        Strategy::Sparse if !caps.sparse => {
+        Strategy::Sparse if !codec.sparsifies() => {
             Some("the sparse all-reduce needs a sparsifying codec (topk, dgc, threshold, randomk)")
         }
-        Strategy::Quantized if caps.shared_scalars => {
+        Strategy::Quantized if codec.needs_shared_scalars() => {
             Some("codecs that agree on a shared scalar (terngrad) need the gather strategy")
         }
         Strategy::Stripe if !stripes(codec.id()) => Some(

@@ -426,10 +426,10 @@ impl Exec {
         // Shared scalars (TernGrad): every tensor's in one exact max all-reduce.
         let mut scalars: Vec<f32> = Vec::new();
         let mut counts = Vec::with_capacity(items.len());
-        for it in items.iter() {
-            let codec = it.state.codec.as_ref().expect("gather codec");
-            if codec.caps().shared_scalars {
-                let v = codec.local_scalars(it.data);
+        for it in items.iter_mut() {
+            let codec = it.state.codec.as_mut().expect("gather codec");
+            if let Some(shared) = codec.shared_scalars() {
+                let v = shared.local_scalars(it.data);
                 counts.push(Some(v.len()));
                 scalars.extend(v);
             } else {
@@ -448,7 +448,9 @@ impl Exec {
             for (it, n) in items.iter_mut().zip(&counts) {
                 if let Some(n) = n {
                     let codec = it.state.codec.as_mut().expect("gather codec");
-                    codec.set_shared_scalars(&scalars[off..off + n]);
+                    if let Some(shared) = codec.shared_scalars() {
+                        shared.set_shared_scalars(&scalars[off..off + n]);
+                    }
                     off += n;
                 }
             }
@@ -507,12 +509,12 @@ impl Exec {
         let mut off = 0u32;
         for it in items.iter_mut() {
             let codec = it.state.codec.as_mut().expect("sparse codec");
-            if !codec.caps().sparse {
+            let Some(codec) = codec.sparse_encode() else {
                 return Err(gradwire_collective::Error::Codec {
                     what: "sparse strategy with a codec that does not sparsify",
                 }
                 .into());
-            }
+            };
             self.pairs.clear();
             codec.encode_sparse(it.data, &mut self.pairs);
             if let (true, Some(u)) = (mask, &mut it.state.velocity) {
@@ -555,6 +557,13 @@ impl Exec {
         let codec = items[0].state.codec.as_mut().expect("the unit's codec");
         self.pairs.clear();
         if sparse {
+            let Some(codec) = codec.sparse_encode() else {
+                self.scratch = cat;
+                return Err(gradwire_collective::Error::Codec {
+                    what: "sparse strategy with a codec that does not sparsify",
+                }
+                .into());
+            };
             codec.encode_sparse(&cat, &mut self.pairs);
         } else {
             codec.encode(&cat, &mut self.payload);

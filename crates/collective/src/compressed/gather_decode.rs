@@ -25,7 +25,7 @@ impl GatherDecode {
 
     /// Replaces `grad` by the sum (or mean) over ranks of `decode(encode(grad_r))`.
     ///
-    /// Codecs that need shared scalars ([`Codec::local_scalars`], TernGrad's per-tensor
+    /// Codecs that need shared scalars ([`Codec::shared_scalars`], TernGrad's per-tensor
     /// scales) get the element-wise max over ranks first (one small all-reduce).
     pub fn all_reduce<T: Transport + ?Sized>(
         &mut self,
@@ -34,10 +34,10 @@ impl GatherDecode {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if codec.caps().shared_scalars {
-            let mut v = codec.local_scalars(grad);
+        if let Some(shared) = codec.shared_scalars() {
+            let mut v = shared.local_scalars(grad);
             crate::all_reduce(t, &mut v, ReduceOp::Max, Algorithm::RecursiveDoubling, 64)?;
-            codec.set_shared_scalars(&v);
+            shared.set_shared_scalars(&v);
         }
         codec.encode(grad, &mut self.payload);
         gather::all_gather_bytes(t, &self.payload, &mut self.gathered)?;

@@ -165,7 +165,7 @@ impl QuantizedAllReduce {
         for step in 0..world - 1 {
             let (sc, rc) = reduce_scatter_step(rank, world, step);
             let (sr, rr) = (self.chunk(sc), self.chunk(rc));
-            if self.rs[sc].caps().shared_scalars {
+            if self.rs[sc].shared_scalars().is_some() {
                 return Err(shared_scalar);
             }
             self.rs[sc].encode(&grad[sr], &mut self.send);
@@ -177,7 +177,7 @@ impl QuantizedAllReduce {
         let mid = t.bytes_sent();
         self.rs_bytes += mid - before;
         let mine = self.chunk(rank);
-        if self.ag.caps().shared_scalars {
+        if self.ag.shared_scalars().is_some() {
             return Err(shared_scalar);
         }
         self.ag.encode(&grad[mine], &mut self.send);

@@ -57,9 +57,9 @@ impl SparseAllReduce {
         Self::default()
     }
 
-    /// Selects this rank's pairs with `codec.encode_sparse` (advancing its state exactly as
-    /// `encode` would), sums every rank's pairs, and writes the dense sum (or mean) to `grad`.
-    /// Fails with [`Error::Codec`] if the codec does not sparsify.
+    /// Selects this rank's pairs with the codec's [`gradwire_codec::SparseEncode`] (advancing
+    /// its state exactly as `encode` would), sums every rank's pairs, and writes the dense sum
+    /// (or mean) to `grad`. Fails with [`Error::Codec`] if the codec does not sparsify.
     pub fn all_reduce<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -67,11 +67,11 @@ impl SparseAllReduce {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if !codec.caps().sparse {
+        let Some(codec) = codec.sparse_encode() else {
             return Err(Error::Codec {
-                what: "sparse all-reduce needs a sparsifying codec (caps().sparse)",
+                what: "sparse all-reduce needs a sparsifying codec (Codec::sparse_encode)",
             });
-        }
+        };
         let mut mine = std::mem::take(&mut self.mine);
         mine.clear();
         codec.encode_sparse(grad, &mut mine);

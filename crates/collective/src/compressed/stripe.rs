@@ -319,13 +319,11 @@ impl StripeAllReduce {
         let (rank, world) = (self.rank, self.world);
         let ranges = &self.plan.ranges;
         // Shared scalars (TernGrad): one max all-reduce over every stripe's scalars.
-        let scalars: Vec<Option<Vec<f32>>> = (0..world)
-            .map(|j| {
-                let c = &self.local[j];
-                c.caps()
-                    .shared_scalars
-                    .then(|| c.local_scalars(&grad[ranges[j].clone()]))
-            })
+        let scalars: Vec<Option<Vec<f32>>> = self
+            .local
+            .iter_mut()
+            .zip(ranges)
+            .map(|(c, r)| Some(c.shared_scalars()?.local_scalars(&grad[r.clone()])))
             .collect();
         if scalars.iter().any(Option::is_some) {
             let mut flat: Vec<f32> = scalars.iter().flatten().flatten().copied().collect();
@@ -337,9 +335,9 @@ impl StripeAllReduce {
                 64,
             )?;
             let mut at = 0;
-            for (j, s) in scalars.iter().enumerate() {
-                if let Some(s) = s {
-                    self.local[j].set_shared_scalars(&flat[at..at + s.len()]);
+            for (c, s) in self.local.iter_mut().zip(&scalars) {
+                if let (Some(s), Some(c)) = (s, c.shared_scalars()) {
+                    c.set_shared_scalars(&flat[at..at + s.len()]);
                     at += s.len();
                 }
             }

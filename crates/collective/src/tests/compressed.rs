@@ -1,6 +1,6 @@
 //! Compressed all-reduces against their references, worlds 1..=8, awkward lengths.
 
-use gradwire_codec::{Caps, Codec, CodecId, DecodeError, Header, SparseGrad};
+use gradwire_codec::{Codec, CodecId, DecodeError, Header, SparseEncode, SparseGrad};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rand::{Rng, SeedableRng};
@@ -62,12 +62,12 @@ impl Codec for Thresh1 {
     fn decode_add(&self, _payload: &[u8], _acc: &mut [f32]) -> Result<(), DecodeError> {
         unimplemented!("sparse path only")
     }
-    fn caps(&self) -> Caps {
-        Caps {
-            sparse: true,
-            ..Caps::default()
-        }
+    fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
+        Some(self)
     }
+}
+
+impl SparseEncode for Thresh1 {
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         out.clear();
         for (i, &x) in grad.iter().enumerate() {

@@ -32,11 +32,11 @@ fn ctx(rank: usize, world: usize, salt: u64) -> BuildContext {
 }
 
 fn needs_scalar(cfg: &CodecConfig) -> bool {
-    cfg.caps().shared_scalars
+    cfg.needs_shared_scalars()
 }
 
 fn sparsifies(cfg: &CodecConfig) -> bool {
-    cfg.caps().sparse
+    cfg.sparsifies()
 }
 
 #[test]
@@ -49,15 +49,16 @@ fn gather_decode_every_codec() {
                 let mut want = Vec::new();
                 for step in 0..STEPS {
                     let grads: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
-                    let shared = (0..world)
-                        .filter(|&r| codecs[r].caps().shared_scalars)
-                        .map(|r| codecs[r].local_scalars(&grads[r]))
+                    let shared = codecs
+                        .iter_mut()
+                        .zip(&grads)
+                        .filter_map(|(c, g)| c.shared_scalars().map(|s| s.local_scalars(g)))
                         .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
                     let mut acc = vec![0.0f32; len];
                     let mut payloads = Vec::new();
                     for r in 0..world {
-                        if let Some(s) = &shared {
-                            codecs[r].set_shared_scalars(s);
+                        if let (Some(s), Some(c)) = (&shared, codecs[r].shared_scalars()) {
+                            c.set_shared_scalars(s);
                         }
                         let mut p = Vec::new();
                         codecs[r].encode(&grads[r], &mut p);
@@ -189,6 +190,7 @@ fn sparse_every_sparsifying_codec() {
                     let mut acc = vec![0.0f32; len];
                     let mut s = SparseGrad::default();
                     for (r, c) in codecs.iter_mut().enumerate() {
+                        let c = c.sparse_encode().expect("a sparsifier");
                         c.encode_sparse(&grad(r, step, len), &mut s);
                         for (&i, &v) in s.indices.iter().zip(&s.values) {
                             acc[i as usize] += v;
@@ -237,7 +239,10 @@ fn threshold_travels_as_32_bit_sign_words() {
         let mut codec = cfg.build(&ctx(t.rank(), 2, 0));
         let mut mine = SparseGrad::default();
         let g = grad(t.rank(), 0, len);
-        cfg.build(&ctx(t.rank(), 2, 0)).encode_sparse(&g, &mut mine);
+        cfg.build(&ctx(t.rank(), 2, 0))
+            .sparse_encode()
+            .expect("threshold sparsifies")
+            .encode_sparse(&g, &mut mine);
         let mut b = g;
         SparseAllReduce::new()
             .all_reduce(t, &mut *codec, &mut b, Reduce::Sum)

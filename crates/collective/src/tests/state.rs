@@ -120,7 +120,6 @@ impl AllReduce {
 fn cases() -> Vec<(Kind, CodecConfig)> {
     let mut out = Vec::new();
     for cfg in CodecConfig::examples() {
-        let caps = cfg.caps();
         if cfg.name() == "powersgd" {
             if let CodecConfig::PowerSgd(c) = &cfg {
                 if !c.local {
@@ -129,11 +128,11 @@ fn cases() -> Vec<(Kind, CodecConfig)> {
             }
             continue;
         }
-        if caps.sparse || cfg.name() == "randomk" {
+        if cfg.sparsifies() || cfg.name() == "randomk" {
             continue;
         }
         out.push((Kind::Stripe, cfg.clone()));
-        if !caps.shared_scalars {
+        if !cfg.needs_shared_scalars() {
             out.push((Kind::Quantized, cfg));
         }
     }

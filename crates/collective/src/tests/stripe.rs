@@ -53,7 +53,7 @@ fn ctx(rank: usize, world: usize, tensors: &[TensorInfo]) -> BuildContext {
 
 /// Dense quantizers: not sparsifying, and not PowerSGD (low rank; its own all-reduce).
 fn dense(cfg: &CodecConfig) -> bool {
-    !cfg.caps().sparse && cfg.name() != "powersgd" && cfg.name() != "randomk"
+    !cfg.sparsifies() && cfg.name() != "powersgd" && cfg.name() != "randomk"
 }
 
 /// The oracle: for each stripe `j`, each rank `q` quantizes its slice once with its own codec
@@ -87,8 +87,10 @@ fn oracle(
         for (j, r) in ranges.iter().enumerate() {
             // TernGrad: the ranks agree on the max of their scales, per piece.
             let shared = (0..world)
-                .filter(|&q| local[q][j].caps().shared_scalars)
-                .map(|q| local[q][j].local_scalars(&grads[q][r.clone()]))
+                .filter_map(|q| {
+                    let s = local[q][j].shared_scalars()?;
+                    Some(s.local_scalars(&grads[q][r.clone()]))
+                })
                 .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
             let mut sum = vec![0.0f32; r.len()];
             for q in 0..world {
@@ -98,8 +100,8 @@ fn oracle(
                     }
                     continue;
                 }
-                if let Some(s) = &shared {
-                    local[q][j].set_shared_scalars(s);
+                if let (Some(s), Some(c)) = (&shared, local[q][j].shared_scalars()) {
+                    c.set_shared_scalars(s);
                 }
                 let mut p = Vec::new();
                 local[q][j].encode(&grads[q][r.clone()], &mut p);

@@ -50,8 +50,8 @@ pub trait DeviceCodec: Send {
     /// reads the epoch).
     fn set_progress(&mut self, _progress: Progress) {}
 
-    /// TernGrad's per-tensor scales to agree on (see `Codec::local_scalars`); empty for the
-    /// others.
+    /// TernGrad's per-tensor scales to agree on (see
+    /// `gradwire_codec::SharedScalars::local_scalars`); empty for the others.
     fn local_scalars(&mut self, _grad: &CudaView<'_, f32>) -> Result<Vec<f32>> {
         Ok(Vec::new())
     }

@@ -79,12 +79,12 @@ fn compare(
         };
         cpu.set_progress(prog);
         gpu.set_progress(prog);
-        if cpu.caps().shared_scalars {
-            let lc = cpu.local_scalars(&g);
+        if let Some(shared) = cpu.shared_scalars() {
+            let lc = shared.local_scalars(&g);
             let lg = gpu.local_scalars(&dg.as_view())?;
             // Agree on a scale above both (as the max over ranks would be).
             let agreed: Vec<f32> = lc.iter().zip(&lg).map(|(a, b)| a.max(*b) * 1.25).collect();
-            cpu.set_shared_scalars(&agreed);
+            shared.set_shared_scalars(&agreed);
             gpu.set_shared_scalars(&agreed);
         }
         cpu.encode(&g, &mut p);
