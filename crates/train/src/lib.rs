@@ -5,9 +5,12 @@
 //! LeNet-5, ResNet-8, char-LSTM) behind the framework-free [`Model`] trait of flat `f32`
 //! parameters and gradients ([`model`]; burn with its flex CPU backend stays inside), our
 //! own optimizers on flat buffers ([`optim`]), and the training loop ([`Trainer`]) that
-//! meets communication at exactly one seam, [`GradientSync`]. It never opens a socket, parses
-//! a command line, or knows how gradients are compressed or moved: a [`GradientSync`] (such as
-//! [`EngineSync`], gradwire-engine over any `Transport`) does that.
+//! meets communication at exactly one seam, [`GradientSync`]. The trainer never opens a socket,
+//! parses a command line, or knows how gradients are compressed or moved: a [`GradientSync`]
+//! (such as [`EngineSync`], gradwire-engine over any `Transport`) does that. Two modules stand
+//! beside it: [`model::partition`] splits one replica over the ranks of a `Transport` it is
+//! given, and [`measure`] times a model, a codec, an engine step and the loopback stack (over
+//! TCP on 127.0.0.1) for `gradwire simulate`'s cost model.
 //!
 //! Bring your own burn model: implement [`Net`] (batch in, logits and targets out) for your
 //! `#[derive(Module)]` network, wrap it in [`BurnModel::custom`], and it trains

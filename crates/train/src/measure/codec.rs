@@ -98,8 +98,8 @@ pub fn measure_codec(
         let mut off = 0;
         for (c, info) in codecs.iter_mut().zip(infos) {
             let n = info.numel();
-            wire += if c.caps().sparse {
-                c.encode_sparse(&grad[off..off + n], &mut sparse);
+            wire += if let Some(s) = c.sparse_encode() {
+                s.encode_sparse(&grad[off..off + n], &mut sparse);
                 8 * sparse.indices.len()
             } else {
                 payloads_len(c.as_mut(), &grad[off..off + n])
