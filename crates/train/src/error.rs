@@ -59,6 +59,13 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The run needs a capability the gradient sync does not have (see the `sync` module's
+    /// doc: overlapping steps, checkpoints, a server-side update); choose a sync that has it.
+    #[error("this gradient sync cannot {what}")]
+    Unsupported {
+        /// What the run asked of it, with the sync that can do it.
+        what: &'static str,
+    },
     /// A checkpoint file is truncated, corrupted or not a checkpoint.
     #[error("checkpoint {path}: {source}")]
     Checkpoint {

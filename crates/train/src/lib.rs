@@ -77,8 +77,8 @@ pub use model::{BurnModel, Eval, MlpHidden, Model, ModelKind, Net};
 pub use model::{ParamTensor, TensorRole};
 pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};
 pub use sync::{
-    EngineConfig, EngineSync, GradientSync, MomentumConfig, Phase, PsConfig, PsSync, Rule,
-    SyncStats, SyncStrategy,
+    CheckpointSync, EngineConfig, EngineSync, GradientSync, MomentumConfig, OverlapSync, Phase,
+    PsConfig, PsSync, Rule, ServerSync, SyncStats, SyncStrategy,
 };
 pub use threads::{init_threads, num_threads, threads_per_worker};
 pub use trainer::{

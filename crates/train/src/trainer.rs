@@ -1,8 +1,8 @@
 //! The data-parallel training loop, free of any CLI: per step, this rank's shard batch ->
 //! forward/backward -> [`GradientSync::sync`] -> optimizer step on the flat parameters ->
 //! parameters back into the model (or, for a parameter server, forward/backward ->
-//! [`GradientSync::server_step`], which returns the servers' parameters); per epoch, an
-//! evaluation on the held-out split.
+//! [`ServerSync::server_step`](crate::sync::ServerSync::server_step), which returns the
+//! servers' parameters); per epoch, an evaluation on the held-out split.
 //!
 //! Deviation, off by default: [`TrainConfig::overlap_steps`] `= 1` is one-step-stale double
 //! buffering (CNTK's 1-bit SGD): the gradient of step `t` is averaged during step `t+1`'s
@@ -25,6 +25,11 @@ use crate::error::{Error, Result};
 use crate::model::{Eval, Model};
 use crate::optim::{Optimizer, OptimizerConfig, OptimizerState};
 use crate::sync::{GradientSync, Phase, SyncStats};
+
+/// [`Error::Unsupported`] for `overlap_steps = 1` without [`GradientSync::overlap`].
+const OVERLAP: &str = "overlap steps (--overlap-steps needs the engine)";
+/// [`Error::Unsupported`] for a checkpoint or resume without [`GradientSync::checkpoint`].
+const CHECKPOINT: &str = "be checkpointed (checkpoints need the engine)";
 
 /// Which ranks evaluate the held-out split at the end of each epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -266,7 +271,8 @@ impl<S: GradientSync> Trainer<S> {
     /// configuration) and `software` (version and revision) are stored as given. Call it
     /// between steps (after [`Trainer::run_epoch_until`] paused); not with
     /// `overlap_steps = 1`, whose gradient is in flight across steps.
-    pub fn checkpoint(&self, config: String, software: String) -> Result<Checkpoint> {
+    /// Needs a sync with [`GradientSync::checkpoint`] ([`Error::Unsupported`] otherwise).
+    pub fn checkpoint(&mut self, config: String, software: String) -> Result<Checkpoint> {
         if self.in_flight || self.config.overlap_steps != 0 {
             return Err(Error::Config(
                 "checkpoints need synchronous steps (overlap_steps = 0)".into(),
@@ -283,7 +289,11 @@ impl<S: GradientSync> Trainer<S> {
             software,
             params: self.params.clone(),
             optimizer: self.optimizer.state().to_bytes(),
-            sync: self.sync.save_state()?,
+            sync: self
+                .sync
+                .checkpoint()
+                .ok_or(Error::Unsupported { what: CHECKPOINT })?
+                .save_state()?,
         })
     }
 
@@ -314,7 +324,10 @@ impl<S: GradientSync> Trainer<S> {
         }
         let state = OptimizerState::from_bytes(&ckpt.optimizer)?;
         self.optimizer.set_state(state)?;
-        self.sync.load_state(&ckpt.sync, ckpt.global_step)?;
+        self.sync
+            .checkpoint()
+            .ok_or(Error::Unsupported { what: CHECKPOINT })?
+            .load_state(&ckpt.sync, ckpt.global_step)?;
         self.params.copy_from_slice(&ckpt.params);
         self.model.set_params(&self.params);
         self.epoch = ckpt.epoch;
@@ -411,10 +424,11 @@ impl<S: GradientSync> Trainer<S> {
                 self.sync.record_phase(Phase::Forward, start, fwd);
                 self.sync.record_phase(Phase::Backward, fwd, bwd);
             }
-            let remote = if self.config.overlap_steps == 1 {
-                None
-            } else {
-                self.sync.server_step(&self.grads, &mut self.params)?
+            let remote = match self.sync.server() {
+                Some(s) if self.config.overlap_steps != 1 => {
+                    Some(s.server_step(&self.grads, &mut self.params)?)
+                }
+                _ => None,
             };
             let (stats, lr, update_s) = if let Some(stats) = remote {
                 // A parameter server applied the update; `params` hold its result.
@@ -423,7 +437,10 @@ impl<S: GradientSync> Trainer<S> {
                 // One-step-stale: apply the previous step's average (if any), then start
                 // this step's, which travels during the next forward/backward.
                 let (stats, lr, update_s) = self.apply_in_flight()?;
-                self.sync.start_sync(&self.grads)?;
+                self.sync
+                    .overlap()
+                    .ok_or(Error::Unsupported { what: OVERLAP })?
+                    .start_sync(&self.grads)?;
                 self.in_flight = true;
                 (stats, lr, update_s)
             } else if self.optimizer.updates_by_part() {
@@ -525,7 +542,11 @@ impl<S: GradientSync> Trainer<S> {
         }
         self.in_flight = false;
         self.stale.resize(self.grads.len(), 0.0);
-        let stats = self.sync.finish_sync(&mut self.stale)?;
+        let stats = self
+            .sync
+            .overlap()
+            .ok_or(Error::Unsupported { what: OVERLAP })?
+            .finish_sync(&mut self.stale)?;
         let u0 = Instant::now();
         let lr = self.optimizer.step(&mut self.params, &self.stale)?;
         Ok((stats, lr, u0.elapsed().as_secs_f64()))

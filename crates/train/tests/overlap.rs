@@ -144,3 +144,46 @@ fn overlap_beyond_one_step_is_refused() {
         .expect("refused");
     assert!(err.to_string().contains("overlap_steps 2"), "{err}");
 }
+
+/// A sync with no capabilities (one rank, nothing to average): `overlap_steps = 1` and a
+/// checkpoint are refused with the typed [`Error::Unsupported`], synchronous steps run.
+#[test]
+fn a_sync_without_the_capability_is_refused_by_type() {
+    use gradwire_train::sync::SyncStats;
+    use gradwire_train::Error;
+
+    struct Alone;
+    impl GradientSync for Alone {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            1
+        }
+        fn broadcast_params(&mut self, _: &mut [f32]) -> gradwire_train::Result<()> {
+            Ok(())
+        }
+        fn sync(&mut self, _: &mut [f32]) -> gradwire_train::Result<SyncStats> {
+            Ok(SyncStats::default())
+        }
+        fn average_metrics(&mut self, _: &mut [f64]) -> gradwire_train::Result<()> {
+            Ok(())
+        }
+    }
+
+    let data = synthetic(32, 3);
+    let build = |overlap| {
+        let config = config(overlap);
+        let model = ModelKind::Mlp.build(data.shape(), config.seed).unwrap();
+        Trainer::new(model, Alone, config, data.train.len()).unwrap()
+    };
+    let err = build(1).run_epoch(&data, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("overlap steps"), "{err}");
+
+    let mut tr = build(0);
+    tr.run_epoch(&data, &mut |_| {}).unwrap();
+    let err = tr.checkpoint(String::new(), String::new()).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("checkpointed"), "{err}");
+}

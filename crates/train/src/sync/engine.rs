@@ -8,8 +8,8 @@
 //! and epoch reach the engine first, so every codec under every strategy sees training
 //! progress (DGC's warm-up).
 //!
-//! One-step-stale double buffering ([`GradientSync::start_sync`] /
-//! [`GradientSync::finish_sync`], the trainer's `overlap_steps = 1`): the same burst, waited
+//! One-step-stale double buffering ([`OverlapSync::start_sync`] /
+//! [`OverlapSync::finish_sync`], the trainer's `overlap_steps = 1`): the same burst, waited
 //! for a step later, so the engine's progress thread moves it while the next forward/backward
 //! runs.
 //!
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use gradwire_engine::{ByteStats, Engine, EngineConfig, EngineStats, Handle, Phase, TensorSpec};
 use gradwire_transport::Transport;
 
-use super::{GradientSync, OnReady, SyncStats};
+use super::{CheckpointSync, GradientSync, OnReady, OverlapSync, SyncStats};
 use crate::error::{Error, Result};
 use crate::model::ParamTensor;
 
@@ -46,7 +46,7 @@ pub struct EngineSync {
     step: u64,
     /// Everything the engine had sent at the end of the previous call.
     sent: u64,
-    /// The averaging [`GradientSync::start_sync`] began: tensor indices and their handles,
+    /// The averaging [`OverlapSync::start_sync`] began: tensor indices and their handles,
     /// in submission order, and the wire bytes before it.
     in_flight: Option<(Vec<(usize, Handle)>, u64)>,
     /// The buffers the engine handed back last step, one per tensor, refilled by the next
@@ -236,39 +236,6 @@ impl GradientSync for EngineSync {
         self.collect(grads, on_ready, t0)
     }
 
-    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
-        if self.in_flight.is_some() {
-            return Err(Error::Config(
-                "start_sync while the previous averaging is still in flight".into(),
-            ));
-        }
-        self.submit(grads, true)
-    }
-
-    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
-        if self.in_flight.is_none() {
-            return Err(Error::Config("finish_sync without start_sync".into()));
-        }
-        self.collect(out, &mut |_, _| Ok(()), Instant::now())
-    }
-
-    fn save_state(&self) -> Result<Vec<u8>> {
-        if self.in_flight.is_some() {
-            return Err(Error::Config(
-                "checkpoint while a gradient averaging is in flight".into(),
-            ));
-        }
-        Ok(self.engine().save_state()?.to_bytes())
-    }
-
-    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
-        let state =
-            gradwire_engine::EngineState::from_bytes(state).map_err(|e| Error::Engine(e.into()))?;
-        self.engine().load_state(&state)?;
-        self.step = steps_taken;
-        Ok(())
-    }
-
     fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
         if self.world == 1 {
             return Ok(());
@@ -293,10 +260,55 @@ impl GradientSync for EngineSync {
         Ok(())
     }
 
+    fn overlap(&mut self) -> Option<&mut dyn OverlapSync> {
+        Some(self)
+    }
+
+    fn checkpoint(&mut self) -> Option<&mut dyn CheckpointSync> {
+        Some(self)
+    }
+
     fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
         let e = self.engine();
         let now = gradwire_engine::now_us();
         let ago = |t: Instant| now.saturating_sub(t.elapsed().as_micros() as u64);
         e.record_span("step", phase, ago(start), ago(end));
+    }
+}
+
+impl OverlapSync for EngineSync {
+    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
+        if self.in_flight.is_some() {
+            return Err(Error::Config(
+                "start_sync while the previous averaging is still in flight".into(),
+            ));
+        }
+        self.submit(grads, true)
+    }
+
+    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
+        if self.in_flight.is_none() {
+            return Err(Error::Config("finish_sync without start_sync".into()));
+        }
+        self.collect(out, &mut |_, _| Ok(()), Instant::now())
+    }
+}
+
+impl CheckpointSync for EngineSync {
+    fn save_state(&self) -> Result<Vec<u8>> {
+        if self.in_flight.is_some() {
+            return Err(Error::Config(
+                "checkpoint while a gradient averaging is in flight".into(),
+            ));
+        }
+        Ok(self.engine().save_state()?.to_bytes())
+    }
+
+    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
+        let state =
+            gradwire_engine::EngineState::from_bytes(state).map_err(|e| Error::Engine(e.into()))?;
+        self.engine().load_state(&state)?;
+        self.step = steps_taken;
+        Ok(())
     }
 }

@@ -1,5 +1,21 @@
 //! The one seam between the trainer and communication: [`GradientSync`] turns this rank's
 //! gradient into the gradient to apply (averaged, or decoded from compressed payloads).
+//!
+//! # Capabilities
+//! What only some syncs can do is a trait of its own, reached through an accessor on
+//! [`GradientSync`] that returns `Option<&mut dyn Trait>`, `None` by default (as the codec
+//! crate's `Codec::sparse_encode` and the transport's `split_step` do). A sync with the
+//! capability implements the trait and overrides the accessor to return `Some(self)`:
+//! - [`OverlapSync`] ([`GradientSync::overlap`]): `start_sync`/`finish_sync`, the trainer's
+//!   one-step-stale double buffering (`overlap_steps = 1`); [`EngineSync`];
+//! - [`CheckpointSync`] ([`GradientSync::checkpoint`]): `save_state`/`load_state` for a
+//!   checkpoint and resume; [`EngineSync`];
+//! - [`ServerSync`] ([`GradientSync::server`]): `server_step`, an update applied by parameter
+//!   servers instead of the trainer's optimizer; [`PsSync`].
+//!
+//! The trainer asks the accessor; where a capability a run needs is absent it returns
+//! [`Error::Unsupported`](crate::Error::Unsupported) naming it, and there is no method that
+//! a sync without the capability would have to answer with a run-time refusal.
 
 mod engine;
 pub mod ps;
@@ -58,6 +74,9 @@ impl SyncStats {
 /// Synchronizes parameters and gradients across the ranks of a data-parallel job.
 ///
 /// Every rank calls the same methods in the same order with buffers of the same length.
+/// What a sync can do beyond averaging is declared by its capability accessors
+/// ([`GradientSync::overlap`], [`GradientSync::checkpoint`], [`GradientSync::server`]),
+/// `None` by default; see the module doc.
 pub trait GradientSync: Send {
     /// This rank, in `0..world_size()`.
     fn rank(&self) -> usize;
@@ -85,65 +104,67 @@ pub trait GradientSync: Send {
         Ok(stats)
     }
 
-    /// For a sync that applies the update itself (a parameter server): takes this rank's
-    /// gradient, leaves in `params` the parameters to continue from, and returns the step's
-    /// costs; the trainer's optimizer is then not used. The default returns `None` (the
-    /// trainer calls [`GradientSync::sync`] and steps its own optimizer).
-    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
-        let _ = (grads, params);
-        Ok(None)
-    }
-
     /// Records a phase of the step (forward, backward, update) in the timeline, if the
     /// sync keeps one. The default ignores it.
     fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
         let _ = (phase, start, end);
     }
 
-    /// Starts averaging this rank's `grads` and returns at once (the trainer's one-step-stale
-    /// double buffering: the next step's forward/backward runs while this is on the wire).
-    /// At most one may be in flight; [`GradientSync::finish_sync`] collects it. The default
-    /// refuses (a sync that cannot overlap steps).
-    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
-        let _ = grads;
-        Err(crate::error::Error::Config(
-            "this gradient sync cannot overlap steps (--overlap-steps needs the engine)".into(),
-        ))
+    /// Averages a few metric values (e.g. the epoch's training loss) over the ranks, or
+    /// leaves them this rank's own where nothing may wait for the other ranks (say so in the
+    /// implementation's doc). No default: every sync decides.
+    fn average_metrics(&mut self, values: &mut [f64]) -> Result<()>;
+
+    /// Its one-step-stale double buffering ([`OverlapSync`]), if it has it: [`EngineSync`]
+    /// returns `Some(self)`. Default: `None` (the trainer refuses `overlap_steps = 1`).
+    fn overlap(&mut self) -> Option<&mut dyn OverlapSync> {
+        None
     }
 
-    /// Waits for the averaging [`GradientSync::start_sync`] began and leaves the result in
+    /// Its state for a checkpoint ([`CheckpointSync`]), if it can be checkpointed:
+    /// [`EngineSync`] returns `Some(self)`. Default: `None` (the trainer refuses checkpoints).
+    fn checkpoint(&mut self) -> Option<&mut dyn CheckpointSync> {
+        None
+    }
+
+    /// Its server-side update ([`ServerSync`]), if the sync applies the update itself (a
+    /// parameter server): [`PsSync`] returns `Some(self)`. Default: `None` (the trainer calls
+    /// [`GradientSync::sync`] and steps its own optimizer).
+    fn server(&mut self) -> Option<&mut dyn ServerSync> {
+        None
+    }
+}
+
+/// One-step-stale double buffering: the averaging of step `t`'s gradient travels during step
+/// `t+1`'s forward/backward. Returned by [`GradientSync::overlap`].
+pub trait OverlapSync {
+    /// Starts averaging this rank's `grads` and returns at once. At most one may be in
+    /// flight; [`OverlapSync::finish_sync`] collects it.
+    fn start_sync(&mut self, grads: &[f32]) -> Result<()>;
+
+    /// Waits for the averaging [`OverlapSync::start_sync`] began and leaves the result in
     /// `out` (the same length); its costs, with `comm_s` the time spent waiting here.
-    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
-        let _ = out;
-        Err(crate::error::Error::Config(
-            "this gradient sync cannot overlap steps (--overlap-steps needs the engine)".into(),
-        ))
-    }
+    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats>;
+}
 
+/// What a sync carries from one step to the next, for a checkpoint. Returned by
+/// [`GradientSync::checkpoint`].
+pub trait CheckpointSync {
     /// Everything this sync carries from one step to the next (codec residuals, momenta,
-    /// random streams, progress), as bytes for a checkpoint; called between steps. The
-    /// default refuses (a sync that cannot be checkpointed).
-    fn save_state(&self) -> Result<Vec<u8>> {
-        Err(crate::error::Error::Config(
-            "this gradient sync cannot be checkpointed (checkpoints need the engine)".into(),
-        ))
-    }
+    /// random streams, progress), as bytes; called between steps.
+    fn save_state(&self) -> Result<Vec<u8>>;
 
-    /// Restores [`GradientSync::save_state`]'s bytes into a fresh sync, which then continues
-    /// as if it had taken `steps_taken` steps. The default refuses.
-    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
-        let _ = (state, steps_taken);
-        Err(crate::error::Error::Config(
-            "this gradient sync cannot be checkpointed (checkpoints need the engine)".into(),
-        ))
-    }
+    /// Restores [`CheckpointSync::save_state`]'s bytes into a fresh sync, which then
+    /// continues as if it had taken `steps_taken` steps.
+    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()>;
+}
 
-    /// Averages a few metric values (e.g. the epoch's training loss) over the ranks. The
-    /// default leaves them local; implementations with a transport should average.
-    fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
-        let _ = values;
-        Ok(())
-    }
+/// A sync that applies the update itself (a parameter server). Returned by
+/// [`GradientSync::server`].
+pub trait ServerSync {
+    /// Takes this rank's gradient, leaves in `params` the parameters to continue from, and
+    /// returns the step's costs; the trainer's optimizer is then not used.
+    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<SyncStats>;
 }
 
 impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
@@ -172,19 +193,13 @@ impl<S: GradientSync + ?Sized> GradientSync for Box<S> {
     fn record_phase(&mut self, phase: Phase, start: Instant, end: Instant) {
         (**self).record_phase(phase, start, end)
     }
-    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
-        (**self).server_step(grads, params)
+    fn overlap(&mut self) -> Option<&mut dyn OverlapSync> {
+        (**self).overlap()
     }
-    fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
-        (**self).start_sync(grads)
+    fn checkpoint(&mut self) -> Option<&mut dyn CheckpointSync> {
+        (**self).checkpoint()
     }
-    fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
-        (**self).finish_sync(out)
-    }
-    fn save_state(&self) -> Result<Vec<u8>> {
-        (**self).save_state()
-    }
-    fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()> {
-        (**self).load_state(state, steps_taken)
+    fn server(&mut self) -> Option<&mut dyn ServerSync> {
+        (**self).server()
     }
 }

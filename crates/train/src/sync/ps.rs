@@ -1,7 +1,8 @@
 //! [`PsSync`]: data-parallel training against `gradwire-ps` parameter-server shards instead
 //! of an all-reduce. The servers own the parameters and the optimizer: each step a worker
 //! pushes its gradient and pulls the parameters to continue from
-//! ([`GradientSync::server_step`]); the trainer's own optimizer is not used.
+//! ([`ServerSync::server_step`], through [`GradientSync::server`]); the trainer's own
+//! optimizer is not used.
 //!
 //! - **Parameters**: one flat table (key 1) of the model's parameters, cut into one chunk
 //!   per shard (consistent hashing with bounded loads puts one on each), so a push or pull
@@ -56,7 +57,7 @@ use gradwire_ps::{
     WorkerId,
 };
 
-use super::{GradientSync, SyncStats};
+use super::{GradientSync, ServerSync, SyncStats};
 use crate::error::{Error, Result};
 use crate::optim::{LrDecay, OptimizerConfig, OptimizerKind};
 
@@ -323,7 +324,42 @@ impl GradientSync for PsSync {
         ))
     }
 
-    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<Option<SyncStats>> {
+    fn server(&mut self) -> Option<&mut dyn ServerSync> {
+        Some(self)
+    }
+
+    /// Under `sync`: the mean over the live workers, through the synchronous `assign` table
+    /// of this length (made on first use). Otherwise the values stay this worker's own (nothing may wait for a worker
+    /// that might be dead).
+    fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
+        if self.world == 1 || self.cfg.consistency != Consistency::Sync || values.is_empty() {
+            return Ok(());
+        }
+        let n = values.len();
+        let key = match self.metric_tables.iter().find(|(len, _)| *len == n) {
+            Some(&(_, key)) => key,
+            None => {
+                // Every worker makes its tables in the same order: the keys agree.
+                let key = self.cfg.metrics_key(self.metric_tables.len());
+                let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Assign)
+                    .with_dead_policy(self.cfg.dead_policy);
+                self.kv().init(key, spec, &vec![0.0; n])?;
+                self.metric_tables.push((n, key));
+                key
+            }
+        };
+        let mine: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        let mut out = vec![0.0f32; n];
+        self.kv().push_pull(key, &mine, &mut out)?;
+        for (v, o) in values.iter_mut().zip(&out) {
+            *v = f64::from(*o);
+        }
+        Ok(())
+    }
+}
+
+impl ServerSync for PsSync {
+    fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<SyncStats> {
         for (what, got) in [("gradients", grads.len()), ("parameters", params.len())] {
             if got != self.len {
                 return Err(Error::LengthMismatch {
@@ -368,41 +404,12 @@ impl GradientSync for PsSync {
         let delta = sent.saturating_sub(self.sent);
         self.sent = sent;
         let raw = if pushed { 4 * self.len as u64 } else { 0 };
-        Ok(Some(SyncStats {
+        Ok(SyncStats {
             bytes_sent: delta,
             comm_s: t0.elapsed().as_secs_f64(),
             raw_bytes: raw,
             encoded_bytes: if pushed { delta } else { 0 },
-        }))
-    }
-
-    /// Under `sync`: the mean over the live workers, through the synchronous `assign` table
-    /// of this length (made on first use). Otherwise the values stay this worker's own (nothing may wait for a worker
-    /// that might be dead).
-    fn average_metrics(&mut self, values: &mut [f64]) -> Result<()> {
-        if self.world == 1 || self.cfg.consistency != Consistency::Sync || values.is_empty() {
-            return Ok(());
-        }
-        let n = values.len();
-        let key = match self.metric_tables.iter().find(|(len, _)| *len == n) {
-            Some(&(_, key)) => key,
-            None => {
-                // Every worker makes its tables in the same order: the keys agree.
-                let key = self.cfg.metrics_key(self.metric_tables.len());
-                let spec = TableSpec::new(Consistency::Sync, UpdaterSpec::Assign)
-                    .with_dead_policy(self.cfg.dead_policy);
-                self.kv().init(key, spec, &vec![0.0; n])?;
-                self.metric_tables.push((n, key));
-                key
-            }
-        };
-        let mine: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-        let mut out = vec![0.0f32; n];
-        self.kv().push_pull(key, &mine, &mut out)?;
-        for (v, o) in values.iter_mut().zip(&out) {
-            *v = f64::from(*o);
-        }
-        Ok(())
+        })
     }
 }
 
