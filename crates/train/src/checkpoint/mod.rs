@@ -1,7 +1,7 @@
 //! Training checkpoints: one rank's state at a step boundary ([`Checkpoint`], with its
-//! versioned, checksummed binary form in [`format`]) and the folder they are written to and
-//! resumed from ([`store`]). [`Trainer::checkpoint`](crate::Trainer::checkpoint) takes one,
-//! [`Trainer::restore`](crate::Trainer::restore) continues from one bit for bit.
+//! versioned, checksummed binary form in [`format`](mod@format)) and the folder they are
+//! written to and resumed from ([`store`]). [`Trainer::checkpoint`](crate::Trainer::checkpoint)
+//! takes one, [`Trainer::restore`](crate::Trainer::restore) continues from one bit for bit.
 
 pub mod format;
 pub mod store;
