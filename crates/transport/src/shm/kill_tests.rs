@@ -135,15 +135,27 @@ impl Job {
             .collect()
     }
 
-    /// Sends `sig` to every child and reaps it; asserts each ended by that signal.
+    /// Sends `sig` to every child and reaps it; asserts each ended by that signal within
+    /// 30 s (a child still running then fails the test and is killed on drop, e.g. when the
+    /// test runs in a background job without job control, which inherits SIGINT ignored).
     fn stop(&mut self, sig: libc::c_int) {
         for c in &self.children {
             // SAFETY: kill(2) on a child we spawned and have not reaped.
             unsafe { libc::kill(c.id() as libc::pid_t, sig) };
         }
+        let deadline = Instant::now() + Duration::from_secs(30);
         for (r, c) in self.children.iter_mut().enumerate() {
             use std::os::unix::process::ExitStatusExt;
-            let status = c.wait().unwrap();
+            let status = loop {
+                if let Some(s) = c.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "rank {r} still running 30 s after signal {sig}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            };
             assert_eq!(status.signal(), Some(sig), "rank {r} ended with {status}");
         }
     }
