@@ -10,67 +10,15 @@
 //! Fashion-MNIST: they skip with a message when it is absent, and fail instead under
 //! `GRADWIRE_REQUIRE_DATA=1`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn gradwire() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gradwire"))
-}
+use std::path::Path;
+use std::time::Duration;
 
-/// A child killed on drop.
-struct Guard(Child);
+use common::{fashion_mnist, gradwire, max_rel_diff, output_of, scratch};
 
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Fashion-MNIST's folder, or `None` (with a SKIPPED line) when it is not fetched.
-fn fashion_mnist() -> Option<PathBuf> {
-    let d = std::env::var_os("GRADWIRE_DATA").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
-        Into::into,
-    );
-    if d.join("fashion-mnist/train-images-idx3-ubyte.gz").exists() {
-        return Some(d);
-    }
-    if std::env::var("GRADWIRE_REQUIRE_DATA").is_ok_and(|v| v == "1") {
-        panic!("fashion-mnist required (GRADWIRE_REQUIRE_DATA=1) but not in {d:?}");
-    }
-    eprintln!("SKIPPED: fashion-mnist not in {d:?}; run scripts/fetch-data.sh");
-    None
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradwire-mp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Runs a command to completion within two minutes (killed and failed past it).
-fn output_of(cmd: &mut Command) -> Output {
-    let limit = Duration::from_secs(120);
-    let mut g = Guard(
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let t0 = Instant::now();
-    while g.0.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < limit,
-            "command did not finish within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let child = std::mem::replace(&mut g.0, Command::new("true").spawn().unwrap());
-    child.wait_with_output().unwrap()
-}
+/// How long one `gradwire train` may run (two minutes; killed and failed past it).
+const LIMIT: Duration = Duration::from_secs(120);
 
 /// A short run of `model` on 2 data-parallel workers (each a replica of `extra`'s
 /// partitions, if any): 12 steps of 16 samples, SGD with momentum, its parameters saved.
@@ -100,6 +48,7 @@ fn train(data: &Path, dir: &Path, model: &str, extra: &[&str]) -> (Vec<f32>, Str
             .arg(format!("--out={}", dir.join("out").display()))
             .arg(format!("--save-params={}", params.display()))
             .args(extra),
+        LIMIT,
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{err}");
@@ -109,17 +58,6 @@ fn train(data: &Path, dir: &Path, model: &str, extra: &[&str]) -> (Vec<f32>, Str
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     (flat, err)
-}
-
-/// The largest difference between `a` and `b` relative to the largest magnitude in `a`.
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "parameter counts");
-    let scale = a.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
-    diff / scale.max(1e-12)
 }
 
 fn same_as_data_parallel(name: &str, model: &str, split: &[&str]) {
@@ -193,7 +131,7 @@ fn what_model_parallelism_cannot_take_is_refused_by_name() {
             "--micro-batches goes with --mp-split pipeline",
         ),
     ] {
-        let out = output_of(gradwire().arg("train").args(&args).arg("--quiet"));
+        let out = output_of(gradwire().arg("train").args(&args).arg("--quiet"), LIMIT);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(want), "{args:?}: {err}");

@@ -13,67 +13,15 @@
 //! need Fashion-MNIST: they skip with a message when it is absent, and fail instead under
 //! `GRADWIRE_REQUIRE_DATA=1`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn gradwire() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gradwire"))
-}
+use std::path::Path;
+use std::time::Duration;
 
-/// A child killed on drop.
-struct Guard(Child);
+use common::{fashion_mnist, gradwire, max_rel_diff, output_of, scratch};
 
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Fashion-MNIST's folder, or `None` (with a SKIPPED line) when it is not fetched.
-fn fashion_mnist() -> Option<PathBuf> {
-    let d = std::env::var_os("GRADWIRE_DATA").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
-        Into::into,
-    );
-    if d.join("fashion-mnist/train-images-idx3-ubyte.gz").exists() {
-        return Some(d);
-    }
-    if std::env::var("GRADWIRE_REQUIRE_DATA").is_ok_and(|v| v == "1") {
-        panic!("fashion-mnist required (GRADWIRE_REQUIRE_DATA=1) but not in {d:?}");
-    }
-    eprintln!("SKIPPED: fashion-mnist not in {d:?}; run scripts/fetch-data.sh");
-    None
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradwire-mpps-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Runs a command to completion within three minutes (killed and failed past it).
-fn output_of(cmd: &mut Command) -> Output {
-    let limit = Duration::from_secs(180);
-    let mut g = Guard(
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let t0 = Instant::now();
-    while g.0.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < limit,
-            "command did not finish within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let child = std::mem::replace(&mut g.0, Command::new("true").spawn().unwrap());
-    child.wait_with_output().unwrap()
-}
+/// How long one `gradwire train` may run (three minutes; killed and failed past it).
+const LIMIT: Duration = Duration::from_secs(180);
 
 /// A `gradwire train` on 2 workers (each a replica of `extra`'s partitions, if any) with
 /// `common` settings, its output in `dir/out`; the log.
@@ -85,6 +33,7 @@ fn train(data: &Path, dir: &Path, model: &str, common: &[&str], extra: &[&str]) 
             .arg(format!("--data={}", data.display()))
             .arg(format!("--out={}", dir.join("out").display()))
             .args(extra),
+        LIMIT,
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{err}");
@@ -101,17 +50,6 @@ fn read_params(path: &Path) -> Vec<f32> {
 
 fn run_json(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("out/run.json")).unwrap()).unwrap()
-}
-
-/// The largest difference between `a` and `b` relative to the largest magnitude in `a`.
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "parameter counts");
-    let scale = a.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
-    diff / scale.max(1e-12)
 }
 
 /// 12 BSP steps of 16 samples with plain SGD on the shards: 2 replicas of 2 partitions
@@ -274,6 +212,7 @@ fn what_model_parallel_ps_cannot_take_is_refused_by_name() {
                     "--quiet",
                 ])
                 .args(&args),
+            LIMIT,
         );
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");

@@ -1,0 +1,75 @@
+//! Helpers shared by the model-parallel end-to-end tests: the binary, a guard that kills a
+//! child on drop, the data folder (skip with a message, or fail under
+//! `GRADWIRE_REQUIRE_DATA=1`), scratch folders, a bounded run, and the parameter comparison.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn gradwire() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gradwire"))
+}
+
+/// A child killed on drop.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Fashion-MNIST's folder, or `None` (with a SKIPPED line) when it is not fetched.
+pub fn fashion_mnist() -> Option<PathBuf> {
+    let d = std::env::var_os("GRADWIRE_DATA").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
+        Into::into,
+    );
+    if d.join("fashion-mnist/train-images-idx3-ubyte.gz").exists() {
+        return Some(d);
+    }
+    if std::env::var("GRADWIRE_REQUIRE_DATA").is_ok_and(|v| v == "1") {
+        panic!("fashion-mnist required (GRADWIRE_REQUIRE_DATA=1) but not in {d:?}");
+    }
+    eprintln!("SKIPPED: fashion-mnist not in {d:?}; run scripts/fetch-data.sh");
+    None
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gradwire-mp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs a command to completion within `limit` (killed and failed past it).
+pub fn output_of(cmd: &mut Command, limit: Duration) -> Output {
+    let mut g = Guard(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while g.0.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < limit,
+            "command did not finish within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let child = std::mem::replace(&mut g.0, Command::new("true").spawn().unwrap());
+    child.wait_with_output().unwrap()
+}
+
+/// The largest difference between `a` and `b` relative to the largest magnitude in `a`.
+pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "parameter counts");
+    let scale = a.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+    diff / scale.max(1e-12)
+}
