@@ -18,12 +18,6 @@
 //! without a report: that one is named. A dead partition is thus named within a small
 //! multiple of the deadline (one more per partition on the chain), never a hang.
 //!
-//! Over TCP one report can be lost: the transport withholds its abort notice from the peer
-//! its failing call was sending to, even once that send completed (`partial_send` in
-//! `gradwire_transport`'s `tcp/duplex.rs`), and then closes the connection. In the tensor
-//! split's ring that peer is the next partition, which then names the partition that
-//! closed on it; the pipeline's calls send or receive, never both, and are not affected.
-//!
 //! Any other tag, or an abort naming no partition, is [`TransportError::BadFrame`]. After
 //! a failure the link stays failed: every later call returns the same partition's error at
 //! once (the replica cannot go on).
