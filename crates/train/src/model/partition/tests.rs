@@ -457,16 +457,9 @@ fn survivors(
     })
 }
 
-/// Survivor `i` named `dead`; except that over TCP the tensor split's ring may lose one
-/// report (the TCP transport withholds its abort notice from the peer its failing call was
-/// sending to; see `link.rs`), and a survivor may then name the ring neighbour that closed
-/// on it: still a typed error naming another partition, in time.
+/// Survivor `i` named `dead`, over the local and the TCP transport alike.
 fn check_named(tcp: bool, split: Split, i: usize, named: usize, dead: usize) {
-    if tcp && split == Split::Tensor {
-        assert_ne!(named, i, "{split} tcp: partition {i} named itself");
-    } else {
-        assert_eq!(named, dead, "{split} tcp {tcp}: partition {i}, {dead} dead");
-    }
+    assert_eq!(named, dead, "{split} tcp {tcp}: partition {i}, {dead} dead");
 }
 
 #[test]
