@@ -30,12 +30,9 @@ use std::time::{Duration, Instant};
 
 use gradwire_transport::{Error as TransportError, Transport};
 
+use super::message::{decode, encode, Value, ABORT};
 use crate::error::{Error, Result};
 
-/// Tag of a data message.
-const DATA: u8 = 0;
-/// Tag of an abort message.
-const ABORT: u8 = 1;
 /// Most messages read from a failed call's peer while looking for its report.
 const PROBE_MESSAGES: usize = 1024;
 /// How long a failed link waits for more unread messages from each peer before it closes.
@@ -50,38 +47,6 @@ pub(crate) struct Link {
     inb: Vec<u8>,
     /// The partition whose failure ended the replica, once one did.
     failed: Option<usize>,
-}
-
-/// A value carried by data messages, little-endian.
-pub(crate) trait Value: Copy {
-    /// Bytes per value.
-    const SIZE: usize;
-    /// Appends the value's bytes.
-    fn put(self, out: &mut Vec<u8>);
-    /// Reads one value from exactly [`Value::SIZE`] bytes.
-    fn get(b: &[u8]) -> Self;
-}
-
-impl Value for f32 {
-    const SIZE: usize = 4;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn get(b: &[u8]) -> f32 {
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    }
-}
-
-impl Value for f64 {
-    const SIZE: usize = 8;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn get(b: &[u8]) -> f64 {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        f64::from_le_bytes(a)
-    }
 }
 
 impl Drop for Link {
@@ -100,16 +65,6 @@ impl Drop for Link {
                 }
             }
         }
-    }
-}
-
-/// Writes the data tag and `values` into `out` (cleared first).
-fn encode<V: Value>(values: &[V], out: &mut Vec<u8>) {
-    out.clear();
-    out.reserve(1 + V::SIZE * values.len());
-    out.push(DATA);
-    for &v in values {
-        v.put(out);
     }
 }
 
@@ -238,39 +193,7 @@ impl Link {
         from: usize,
         out: &mut [V],
     ) -> std::result::Result<(), TransportError> {
-        match self.inb.first() {
-            Some(&DATA) => {
-                let body = &self.inb[1..];
-                if body.len() != V::SIZE * out.len() {
-                    return Err(TransportError::SizeMismatch {
-                        peer: from,
-                        expected: 1 + V::SIZE * out.len(),
-                        got: self.inb.len(),
-                    });
-                }
-                for (o, b) in out.iter_mut().zip(body.chunks_exact(V::SIZE)) {
-                    *o = V::get(b);
-                }
-                Ok(())
-            }
-            Some(&ABORT) if self.inb.len() == 5 => {
-                let p = u32::from_le_bytes([self.inb[1], self.inb[2], self.inb[3], self.inb[4]]);
-                match usize::try_from(p) {
-                    Ok(p) if p < self.parts => Err(TransportError::PeerFailed {
-                        peer: p,
-                        reported_by: from,
-                    }),
-                    _ => Err(TransportError::BadFrame {
-                        peer: from,
-                        what: "partition abort naming no partition",
-                    }),
-                }
-            }
-            _ => Err(TransportError::BadFrame {
-                peer: from,
-                what: "unknown partition message tag",
-            }),
-        }
+        decode(&self.inb, self.parts, from, out)
     }
 
     /// Sends `values` to partition `to`.

@@ -59,6 +59,7 @@
 mod arch;
 mod layer;
 mod link;
+mod message;
 mod pipeline;
 mod plan;
 mod split;
