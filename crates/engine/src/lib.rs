@@ -532,6 +532,21 @@ impl Engine {
     /// [`Error::StatePending`] when submissions are queued or pending; with the error that
     /// stopped the engine if its progress thread has exited.
     pub fn load_state(&self, state: &EngineState) -> Result<()> {
+        self.load_state_as(state, worker::LoadMode::Exact).map(drop)
+    }
+
+    /// Restores a state saved on another rank or in a world of another size (elastic
+    /// training, after the world changed), with the same seed and registrations: what each
+    /// tensor carries (codec residuals, momentum velocity, PowerSGD's `Q`) is kept where it
+    /// fits the new world, and the progress is set. A tensor whose state the new
+    /// all-reduce refuses (the quantized ring's and the stripes' states are per chunk of
+    /// the world's split) starts from a fresh state instead; their names are returned.
+    /// Fails, changing nothing, as [`Engine::load_state`] does otherwise.
+    pub fn load_state_elsewhere(&self, state: &EngineState) -> Result<Vec<String>> {
+        self.load_state_as(state, worker::LoadMode::Elsewhere)
+    }
+
+    fn load_state_as(&self, state: &EngineState, mode: worker::LoadMode) -> Result<Vec<String>> {
         let mut g = lock(&self.shared.worker);
         let mut q = lock(&self.shared.queue);
         let Some(w) = g.as_mut() else {
@@ -541,12 +556,12 @@ impl Engine {
         if !pending.is_empty() {
             return Err(Error::StatePending { tensors: pending });
         }
-        w.load_state(state)?;
+        let reset = w.load_state(state, mode)?;
         q.progress = Progress {
             step: state.step,
             epoch: state.epoch,
         };
-        Ok(())
+        Ok(reset)
     }
 
     /// Records a span of the trainer's (UPDATE, FORWARD, BACKWARD, ...) on this rank's

@@ -182,6 +182,67 @@ fn resuming_without_the_state_differs() {
     }
 }
 
+/// Elastic training: a state loaded elsewhere (`Engine::load_state_elsewhere`) on the rank
+/// and world that saved it is the exact load (nothing reset, the uninterrupted run's bits);
+/// moved to another rank of a smaller world (rank 1's state on a world of one, as after a
+/// loss) it loads for every case, and where a state carries something and none was reset
+/// for a codec that keeps residuals or a warm start (or under momentum correction), the
+/// next output differs from a fresh engine's.
+#[test]
+fn states_load_elsewhere_keeping_what_fits() {
+    for (label, cfg) in cases() {
+        let states = first_part(&cfg);
+        let mut whole = run(&cfg, 0..STEPS, None);
+        for r in &mut whole {
+            r.drain(..STOP);
+        }
+        let here = world(2, |t| {
+            let rank = t.rank();
+            let e = start(t, &cfg);
+            let s = EngineState::from_bytes(&states[rank]).unwrap();
+            assert_eq!(e.load_state_elsewhere(&s).unwrap(), Vec::<String>::new());
+            let out: Vec<_> = (STOP..STEPS).map(|s| step(&e, rank, s)).collect();
+            e.shutdown().unwrap();
+            out
+        });
+        assert_steps_bitwise(&label, &here, |r| &whole[r]);
+        let moved = world(1, |t| {
+            let e = start(t, &cfg);
+            let s = EngineState::from_bytes(&states[1]).unwrap();
+            let reset = e.load_state_elsewhere(&s).unwrap();
+            let out = step(&e, 0, STOP);
+            e.shutdown().unwrap();
+            (reset, out)
+        })
+        .pop()
+        .unwrap();
+        let fresh = world(1, |t| {
+            let e = start(t, &cfg);
+            let out = step(&e, 0, STOP);
+            e.shutdown().unwrap();
+            out
+        })
+        .pop()
+        .unwrap();
+        let (reset, out) = moved;
+        // Residuals (error feedback), warm starts and velocity: what a moved state carries.
+        let saved = EngineState::from_bytes(&states[1]).unwrap();
+        let stateful = saved.tensors.iter().any(|t| t.velocity.is_some())
+            || (["topk", "dgc", "onebit", "powersgd"]
+                .iter()
+                .any(|c| label.starts_with(c))
+                && !label.contains("ef=false"));
+        if stateful && reset.is_empty() {
+            let same = out.iter().zip(&fresh).all(|(a, b)| bits(a) == bits(b));
+            assert!(!same, "{label}: the moved state changed nothing");
+        }
+        assert!(
+            reset.iter().all(|n| n == "t0" || n == "t1"),
+            "{label}: {reset:?}"
+        );
+    }
+}
+
 /// Every prefix of a real saved state is refused as truncated, every flipped byte is
 /// refused (the header's fields, or the checksum), and the errors are typed.
 #[test]

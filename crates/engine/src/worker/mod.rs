@@ -124,6 +124,7 @@ use cache::{Adhoc, Entry};
 use failure::fail;
 use negotiate::SPEC_MAX_BYTES;
 use pieces::Spares;
+pub(crate) use snapshot::LoadMode;
 pub(crate) use strategy::selection_units;
 
 /// One submitted operation, waiting in the queue or pending negotiation.

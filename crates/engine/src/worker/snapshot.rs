@@ -66,6 +66,16 @@ fn mismatch(
     }
 }
 
+/// Where a saved state is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoadMode {
+    /// On the rank and world size that saved it (a resumed run): every part must load.
+    Exact,
+    /// On another rank or world size (elastic training after the world changed): tensors
+    /// whose state does not fit start afresh.
+    Elsewhere,
+}
+
 impl Worker {
     /// The names of the submissions this worker holds pending (handed to negotiation, not
     /// yet run).
@@ -104,11 +114,16 @@ impl Worker {
     /// every registered tensor's name, policy, shape and velocity, in order), rebuilds the
     /// registered tensors' states, loads `s` into them, and only then replaces the running
     /// ones: on any error nothing has changed.
-    pub(crate) fn load_state(&mut self, s: &EngineState) -> Result<()> {
-        if s.rank != self.rank {
+    ///
+    /// With [`LoadMode::Elsewhere`] the rank and world size are not compared, and a tensor
+    /// whose state its new all-reduce refuses (the quantized ring's and the stripes'
+    /// per-chunk states are sized by the world) keeps the fresh state instead: the names of
+    /// those tensors are returned (none in [`LoadMode::Exact`], where a refusal fails).
+    pub(crate) fn load_state(&mut self, s: &EngineState, mode: LoadMode) -> Result<Vec<String>> {
+        if mode == LoadMode::Exact && s.rank != self.rank {
             return Err(mismatch(None, "rank", s.rank, self.rank));
         }
-        if s.world_size != self.world {
+        if mode == LoadMode::Exact && s.world_size != self.world {
             return Err(mismatch(None, "world size", s.world_size, self.world));
         }
         if s.seed != self.cfg.seed {
@@ -177,23 +192,35 @@ impl Worker {
             }
         }
         let mut fresh = Vec::with_capacity(n);
+        let mut reset = Vec::new();
         for (i, p) in self.policies.iter().enumerate() {
-            let mut st = match self.units.iter().position(|u| u.contains(&i)) {
-                Some(u) => self.build_unit_state(u, i, &self.policies),
-                None => self.build_state(i, p),
+            let build = |w: &Worker| match w.units.iter().position(|u| u.contains(&i)) {
+                Some(u) => w.build_unit_state(u, i, &w.policies),
+                None => w.build_state(i, p),
             };
+            let mut st = build(self);
             let saved = &s.tensors[i];
-            load_tensor(&mut st, &saved.state).map_err(|source| Error::StateRefused {
-                tensor: p.tensor.name.clone(),
-                source,
-            })?;
+            match load_tensor(&mut st, &saved.state) {
+                Ok(()) => {}
+                Err(_) if mode == LoadMode::Elsewhere => {
+                    // A refused load may have changed part of the state: start it afresh.
+                    st = build(self);
+                    reset.push(p.tensor.name.clone());
+                }
+                Err(source) => {
+                    return Err(Error::StateRefused {
+                        tensor: p.tensor.name.clone(),
+                        source,
+                    })
+                }
+            }
             st.velocity.clone_from(&saved.velocity);
             fresh.push(st);
         }
         for (slot, st) in self.states.iter_mut().zip(fresh) {
             *slot = st;
         }
-        Ok(())
+        Ok(reset)
     }
 }
 
