@@ -1,6 +1,9 @@
 //! gradwire-run: what a run is, without a model, for every front end (the `gradwire` CLI and
 //! the Python package) so that both apply the same rules:
 //!
+//! - [`elastic`]: elastic membership: the coordinator that forms each generation's world
+//!   (ranks, master address, the commit to restore) as members die and join, and the
+//!   member's connection to it;
 //! - [`join`]: which launcher started this process (gradwire launch, torchrun, mpirun, srun,
 //!   MPICH), read from its environment, and the transport (`tcp`, `shm`, `mpi`) that joins the
 //!   job;
@@ -9,6 +12,7 @@
 //!   and where gradient clipping happens.
 #![deny(missing_docs)]
 
+pub mod elastic;
 pub mod join;
 pub mod rules;
 
