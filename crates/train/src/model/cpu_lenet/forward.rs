@@ -1,0 +1,147 @@
+//! The forward pass ([`CpuLeNet`]'s `forward`: conv, pool, linear layers as GEMMs over the
+//! batch) and the log-softmax of the logits.
+
+use super::geometry::{Geom, Offsets};
+use super::layers::{bias_relu, bias_relu_pool, im2col};
+use super::matmul::{mat, matmul};
+use super::net::CpuLeNet;
+use super::work::Work;
+use super::{C1, C2, F1, F2, KK};
+
+impl CpuLeNet {
+    /// Forward pass of `n` samples of `pixels` (`[N, C, H, W]`) into `work` (logits in
+    /// `work.z5`).
+    pub(super) fn forward(
+        geom: &Geom,
+        off: &Offsets,
+        params: &[f32],
+        pixels: &[f32],
+        n: usize,
+        work: &mut Work,
+    ) {
+        let g = *geom;
+        work.forward_sized(&g, n);
+        let p = params;
+        let (pl0, pl1) = (g.h0 * g.w0, n * g.h0 * g.w0);
+        // conv1 (pad 2, same size) + bias + ReLU + pool.
+        im2col(
+            pixels,
+            n,
+            g.c0,
+            (g.h0, g.w0),
+            (g.c0 * pl0, pl0),
+            2,
+            (g.h0, g.w0),
+            &mut work.cols1,
+        );
+        let k1 = g.c0 * KK;
+        matmul(
+            C1,
+            pl1,
+            k1,
+            &mut work.z1,
+            pl1,
+            false,
+            mat(&p[off.w1..off.b1], k1, 1),
+            mat(&work.cols1, pl1, 1),
+        );
+        bias_relu_pool(
+            &work.z1,
+            &p[off.b1..off.w2],
+            n,
+            (g.h0, g.w0),
+            &mut work.p1,
+            &mut work.arg1,
+        );
+        // conv2 (no pad) + bias + ReLU + pool; p1 is channel-major [C1, N, hp1, wp1].
+        let pp1 = g.hp1 * g.wp1;
+        let pl2 = n * g.h2 * g.w2;
+        im2col(
+            &work.p1,
+            n,
+            C1,
+            (g.hp1, g.wp1),
+            (pp1, n * pp1),
+            0,
+            (g.h2, g.w2),
+            &mut work.cols2,
+        );
+        let k2 = C1 * KK;
+        matmul(
+            C2,
+            pl2,
+            k2,
+            &mut work.z2,
+            pl2,
+            false,
+            mat(&p[off.w2..off.b2], k2, 1),
+            mat(&work.cols2, pl2, 1),
+        );
+        bias_relu_pool(
+            &work.z2,
+            &p[off.b2..off.wf1],
+            n,
+            (g.h2, g.w2),
+            &mut work.p2,
+            &mut work.arg2,
+        );
+        // Flatten as burn does ([N, C, H, W] -> [N, C*H*W]) from channel-major p2.
+        let (s2, fin) = (g.hp2 * g.wp2, g.fc_in());
+        for c in 0..C2 {
+            for s in 0..n {
+                work.x3[s * fin + c * s2..][..s2]
+                    .copy_from_slice(&work.p2[(c * n + s) * s2..][..s2]);
+            }
+        }
+        // fc1, fc2 (+ ReLU), fc3; Linear weights are [in, out].
+        matmul(
+            n,
+            F1,
+            fin,
+            &mut work.a3,
+            F1,
+            false,
+            mat(&work.x3, fin, 1),
+            mat(&p[off.wf1..off.bf1], F1, 1),
+        );
+        bias_relu(&mut work.a3, &p[off.bf1..off.wf2]);
+        matmul(
+            n,
+            F2,
+            F1,
+            &mut work.a4,
+            F2,
+            false,
+            mat(&work.a3, F1, 1),
+            mat(&p[off.wf2..off.bf2], F2, 1),
+        );
+        bias_relu(&mut work.a4, &p[off.bf2..off.wf3]);
+        let nc = g.classes;
+        matmul(
+            n,
+            nc,
+            F2,
+            &mut work.z5,
+            nc,
+            false,
+            mat(&work.a4, F2, 1),
+            mat(&p[off.wf3..off.bf3], nc, 1),
+        );
+        let bias = &p[off.bf3..off.end];
+        for row in work.z5.chunks_exact_mut(nc) {
+            for (x, &b) in row.iter_mut().zip(bias) {
+                *x += b;
+            }
+        }
+    }
+}
+
+/// Log-softmax of one row of logits into `out`.
+pub(crate) fn log_softmax_row(z: &[f32], out: &mut [f32]) {
+    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f32 = z.iter().map(|&x| (x - m).exp()).sum();
+    let lse = m + s.ln();
+    for (o, &x) in out.iter_mut().zip(z) {
+        *o = x - lse;
+    }
+}

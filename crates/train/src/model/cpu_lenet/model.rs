@@ -1,0 +1,180 @@
+//! [`Model`] for [`CpuLeNet`]: parameters in and out, the training step (forward, loss and
+//! the backward pass) and evaluation.
+
+use std::time::Instant;
+
+use super::forward::log_softmax_row;
+use super::layers::{col2im, linear_backward, relu_mask, relu_pool_backward};
+use super::matmul::{mat, matmul};
+use super::net::CpuLeNet;
+use super::work::Work;
+use super::{C1, C2, EVAL_CHUNK, F1, F2, KK};
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::model::{Eval, Model, ModelKind, ParamTensor};
+
+impl Model for CpuLeNet {
+    fn kind(&self) -> ModelKind {
+        ModelKind::LeNet
+    }
+
+    fn num_params(&self) -> usize {
+        self.params.len()
+    }
+
+    fn layout(&self) -> Vec<usize> {
+        self.geom.layout().to_vec()
+    }
+
+    fn tensors(&self) -> Vec<ParamTensor> {
+        self.tensors.clone()
+    }
+
+    fn last_pass_times(&self) -> Option<[Instant; 3]> {
+        self.pass_times
+    }
+
+    fn params(&self, out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(&self.params);
+    }
+
+    fn set_params(&mut self, flat: &[f32]) {
+        assert_eq!(
+            flat.len(),
+            self.params.len(),
+            "flat parameter buffer length"
+        );
+        self.params.copy_from_slice(flat);
+    }
+
+    fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {
+        let t0 = Instant::now();
+        let b = self.check(batch)?;
+        let n = b.labels.len();
+        if n == 0 {
+            return Err(Error::Config("empty training batch".into()));
+        }
+        let (g, off) = (self.geom, self.off);
+        let p = &self.params;
+        let w = &mut self.work;
+        Self::forward(&g, &off, p, &b.pixels, n, w);
+        w.backward_sized(&g, n);
+        // Mean cross-entropy and its gradient (softmax - one-hot) / n.
+        let nc = g.classes;
+        let mut loss = 0.0f64;
+        for (s, &label) in b.labels.iter().enumerate() {
+            let z = &w.z5[s * nc..][..nc];
+            let gr = &mut w.g5[s * nc..][..nc];
+            log_softmax_row(z, gr);
+            loss -= f64::from(gr[usize::from(label)]);
+            for x in gr.iter_mut() {
+                *x = x.exp() / n as f32;
+            }
+            gr[usize::from(label)] -= 1.0 / n as f32;
+        }
+        let loss = (loss / n as f64) as f32;
+        let t1 = Instant::now();
+
+        grads.clear();
+        grads.resize(off.end, 0.0);
+        let (fin, s2) = (g.fc_in(), g.hp2 * g.wp2);
+        // fc3, fc2 (+ ReLU), fc1 (+ ReLU), each through `linear_backward`.
+        let (gw, rest) = grads[off.wf3..].split_at_mut(off.bf3 - off.wf3);
+        let lin = &p[off.wf3..off.bf3];
+        linear_backward(n, (F2, nc), &w.a4, &w.g5, lin, (gw, rest), &mut w.ga4);
+        relu_mask(&mut w.ga4, &w.a4);
+        let (gw, rest) = grads[off.wf2..off.wf3].split_at_mut(off.bf2 - off.wf2);
+        let lin = &p[off.wf2..off.bf2];
+        linear_backward(n, (F1, F2), &w.a3, &w.ga4, lin, (gw, rest), &mut w.ga3);
+        relu_mask(&mut w.ga3, &w.a3);
+        let (gw, rest) = grads[off.wf1..off.wf2].split_at_mut(off.bf1 - off.wf1);
+        let lin = &p[off.wf1..off.bf1];
+        linear_backward(n, (fin, F1), &w.x3, &w.ga3, lin, (gw, rest), &mut w.gx3);
+        // Unflatten into the channel-major pooled gradient.
+        for c in 0..C2 {
+            for s in 0..n {
+                w.gp2[(c * n + s) * s2..][..s2].copy_from_slice(&w.gx3[s * fin + c * s2..][..s2]);
+            }
+        }
+        relu_pool_backward(&w.gp2, &w.p2, &w.arg2, C2, n, (g.h2, g.w2), &mut w.gz2);
+        // conv2: weight gradient gz2 · cols2^T, bias = row sums, input gradient via col2im.
+        let pl2 = n * g.h2 * g.w2;
+        let k2 = C1 * KK;
+        matmul(
+            C2,
+            k2,
+            pl2,
+            &mut grads[off.w2..off.b2],
+            k2,
+            false,
+            mat(&w.gz2, pl2, 1),
+            mat(&w.cols2, 1, pl2),
+        );
+        for (c, gb) in grads[off.b2..off.wf1].iter_mut().enumerate() {
+            *gb = w.gz2[c * pl2..(c + 1) * pl2].iter().sum();
+        }
+        matmul(
+            k2,
+            pl2,
+            C2,
+            &mut w.gcols2,
+            pl2,
+            false,
+            mat(&p[off.w2..off.b2], 1, k2),
+            mat(&w.gz2, pl2, 1),
+        );
+        w.gp1.fill(0.0);
+        col2im(&w.gcols2, n, C1, (g.hp1, g.wp1), (g.h2, g.w2), &mut w.gp1);
+        relu_pool_backward(&w.gp1, &w.p1, &w.arg1, C1, n, (g.h0, g.w0), &mut w.gz1);
+        // conv1: weight and bias gradients (the input needs none).
+        let pl1 = n * g.h0 * g.w0;
+        let k1 = g.c0 * KK;
+        matmul(
+            C1,
+            k1,
+            pl1,
+            &mut grads[off.w1..off.b1],
+            k1,
+            false,
+            mat(&w.gz1, pl1, 1),
+            mat(&w.cols1, 1, pl1),
+        );
+        for (c, gb) in grads[off.b1..off.w2].iter_mut().enumerate() {
+            *gb = w.gz1[c * pl1..(c + 1) * pl1].iter().sum();
+        }
+        self.pass_times = Some([t0, t1, Instant::now()]);
+        Ok(loss)
+    }
+
+    fn evaluate(&self, batch: &Batch) -> Result<Eval> {
+        let b = self.check(batch)?;
+        let g = self.geom;
+        let per = g.c0 * g.h0 * g.w0;
+        let mut work = Work::default();
+        let mut eval = Eval::default();
+        let mut logp = vec![0.0f32; g.classes];
+        for (px, labels) in b
+            .pixels
+            .chunks(EVAL_CHUNK * per)
+            .zip(b.labels.chunks(EVAL_CHUNK))
+        {
+            let n = labels.len();
+            Self::forward(&g, &self.off, &self.params, px, n, &mut work);
+            for (s, &label) in labels.iter().enumerate() {
+                log_softmax_row(&work.z5[s * g.classes..][..g.classes], &mut logp);
+                // First maximum wins, as burn's argmax.
+                let mut best = 0;
+                for (j, &v) in logp.iter().enumerate() {
+                    if v > logp[best] {
+                        best = j;
+                    }
+                }
+                eval.correct += u64::from(best == usize::from(label));
+                eval.loss_sum -= f64::from(logp[usize::from(label)]);
+                eval.n += 1;
+            }
+        }
+        Ok(eval)
+    }
+}
