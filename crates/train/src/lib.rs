@@ -59,6 +59,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod elastic;
 mod error;
 pub mod measure;
 pub mod model;

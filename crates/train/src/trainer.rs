@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
 use crate::data::{shard_indices, shard_len, Dataset, Split};
+use crate::elastic::{order_shard, remaining_samples, Commit, EpochOrder};
 use crate::error::{Error, Result};
 use crate::model::{Eval, Model};
 use crate::optim::{Optimizer, OptimizerConfig, OptimizerState};
@@ -166,6 +167,8 @@ pub struct Trainer<S: GradientSync> {
     /// The current epoch's progress: steps taken and the sums so far (kept across
     /// [`Trainer::run_epoch_until`]'s pauses).
     part: EpochPart,
+    /// The current epoch's samples once the world changed within it (elastic training).
+    order: Option<EpochOrder>,
 }
 
 /// What an epoch has done so far.
@@ -222,6 +225,7 @@ impl<S: GradientSync> Trainer<S> {
             epoch: 0,
             global_step: 0,
             part: EpochPart::default(),
+            order: None,
         })
     }
 
@@ -341,6 +345,79 @@ impl<S: GradientSync> Trainer<S> {
         Ok(())
     }
 
+    /// Elastic training's `state.commit()`: this rank's state at the current step boundary,
+    /// kept in memory ([`Trainer::checkpoint`] with no configuration, and the epoch's order).
+    pub fn commit(&mut self) -> Result<Commit> {
+        Ok(Commit {
+            checkpoint: self.checkpoint(String::new(), String::new())?,
+            order: self.order.clone(),
+        })
+    }
+
+    /// Continues, in a world that may differ from the commit's, from `shared` (rank 0's
+    /// commit, the same on every rank of the new world): parameters, optimizer state and
+    /// position from it, the epoch's untaken samples dealt over this world; the sync's
+    /// state from `own` (this rank's own commit of the same step; `None` for a rank new to
+    /// the run, whose codecs start fresh at that step). See [`crate::elastic`]. Returns the
+    /// tensors whose sync state did not fit this world and starts afresh.
+    pub fn restore_elsewhere(
+        &mut self,
+        shared: &Commit,
+        own: Option<&Commit>,
+        train_len: usize,
+    ) -> Result<Vec<String>> {
+        let ck = &shared.checkpoint;
+        if ck.params.len() != self.params.len() {
+            return Err(Error::Resume(format!(
+                "the commit holds {} parameters, the model has {}",
+                ck.params.len(),
+                self.params.len()
+            )));
+        }
+        if let Some(o) = own {
+            if o.checkpoint.global_step != ck.global_step {
+                return Err(Error::Resume(format!(
+                    "this rank's commit is of step {}, rank 0's of step {}",
+                    o.checkpoint.global_step, ck.global_step
+                )));
+            }
+        }
+        if self.in_flight || self.config.overlap_steps != 0 {
+            return Err(Error::Config(
+                "elastic training needs synchronous steps (overlap_steps = 0)".into(),
+            ));
+        }
+        let step = usize::try_from(ck.step_in_epoch)
+            .map_err(|_| Error::Resume("step within the epoch out of range".into()))?;
+        let order = remaining_samples(
+            train_len,
+            self.config.seed,
+            ck.epoch,
+            self.config.batch_size,
+            ck.world_size as usize,
+            step,
+            shared.order.as_ref(),
+        )?;
+        let state = OptimizerState::from_bytes(&ck.optimizer)?;
+        self.optimizer.set_state(state)?;
+        let reset = self
+            .sync
+            .checkpoint()
+            .ok_or(Error::Unsupported { what: CHECKPOINT })?
+            .load_state_elsewhere(own.map(|o| o.checkpoint.sync.as_slice()), ck.global_step)?;
+        self.params.copy_from_slice(&ck.params);
+        self.model.set_params(&self.params);
+        self.epoch = ck.epoch;
+        self.global_step = ck.global_step;
+        self.part = EpochPart {
+            step,
+            loss_sum: ck.loss_sum,
+            ..EpochPart::default()
+        };
+        self.order = order;
+        Ok(reset)
+    }
+
     /// The settings.
     pub fn config(&self) -> &TrainConfig {
         &self.config
@@ -351,9 +428,32 @@ impl<S: GradientSync> Trainer<S> {
         self.epoch
     }
 
-    /// Steps each rank takes per epoch over `train_len` samples.
+    /// Steps each rank takes in the current epoch over `train_len` samples (after a change
+    /// of the world within the epoch, the steps before it and through the re-dealt rest).
     pub fn steps_per_epoch(&self, train_len: usize) -> usize {
-        steps_per_epoch(train_len, self.sync.world_size(), &self.config)
+        self.epoch_shard(train_len).2
+    }
+
+    /// This rank's samples of the current epoch, the epoch step they start at, and the
+    /// epoch's step count (capped by [`TrainConfig::max_steps_per_epoch`]).
+    fn epoch_shard(&self, n: usize) -> (Vec<usize>, usize, usize) {
+        let (rank, world) = (self.sync.rank(), self.sync.world_size());
+        let cap = |steps: usize| {
+            self.config
+                .max_steps_per_epoch
+                .map_or(steps, |m| steps.min(m))
+        };
+        match &self.order {
+            None => (
+                shard_indices(n, world, rank, self.config.seed, self.epoch),
+                0,
+                steps_per_epoch(n, world, &self.config),
+            ),
+            Some(o) => {
+                let (shard, steps) = order_shard(o, world, rank, self.config.batch_size);
+                (shard, o.start_step, cap(steps))
+            }
+        }
     }
 
     /// Runs one epoch over this rank's shard, calling `on_step` after every step, then
@@ -383,15 +483,14 @@ impl<S: GradientSync> Trainer<S> {
         let t_epoch = Instant::now();
         let (rank, world) = (self.sync.rank(), self.sync.world_size());
         let n = data.train.len();
-        let steps = self.steps_per_epoch(n);
-        if steps == 0 {
+        let (shard, first, steps) = self.epoch_shard(n);
+        if steps == 0 && self.order.is_none() {
             return Err(Error::Config(format!(
                 "{n} training samples over {world} ranks give no full batch of {}",
                 self.config.batch_size
             )));
         }
         let bs = self.config.batch_size;
-        let shard = shard_indices(n, world, rank, self.config.seed, self.epoch);
         let mut part = std::mem::take(&mut self.part);
         let (mut compute_s, mut loss_sum) = (part.compute_s, part.loss_sum);
         let mut total = part.total;
@@ -406,7 +505,8 @@ impl<S: GradientSync> Trainer<S> {
                 };
                 return Ok(None);
             }
-            let batch = data.train.batch(&shard[step * bs..(step + 1) * bs]);
+            let at = (step - first) * bs;
+            let batch = data.train.batch(&shard[at..at + bs]);
             let t0 = Instant::now();
             let loss = self.model.forward_backward(&batch, &mut self.grads)?;
             compute_s += t0.elapsed().as_secs_f64();
@@ -500,7 +600,7 @@ impl<S: GradientSync> Trainer<S> {
             self.model.set_params(&self.params);
             compute_s += update_s + t1.elapsed().as_secs_f64();
         }
-        let mut mean_loss = [loss_sum / steps as f64];
+        let mut mean_loss = [loss_sum / steps.max(1) as f64];
         self.sync.average_metrics(&mut mean_loss)?;
         let t_eval = Instant::now();
         let eval = match self.config.eval {
@@ -530,6 +630,7 @@ impl<S: GradientSync> Trainer<S> {
             compression_ratio: total.compression_ratio(),
         };
         self.epoch += 1;
+        self.order = None;
         Ok(Some(stats))
     }
 

@@ -1,6 +1,7 @@
 //! Integration tests of gradwire-train (one binary; see each module).
 
 mod distributed;
+mod elastic;
 mod lenet_cpu;
 mod models;
 mod overlap;

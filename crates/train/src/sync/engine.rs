@@ -311,4 +311,21 @@ impl CheckpointSync for EngineSync {
         self.step = steps_taken;
         Ok(())
     }
+
+    fn load_state_elsewhere(
+        &mut self,
+        state: Option<&[u8]>,
+        steps_taken: u64,
+    ) -> Result<Vec<String>> {
+        let reset = match state {
+            Some(bytes) => {
+                let state = gradwire_engine::EngineState::from_bytes(bytes)
+                    .map_err(|e| Error::Engine(e.into()))?;
+                self.engine().load_state_elsewhere(&state)?
+            }
+            None => Vec::new(),
+        };
+        self.step = steps_taken;
+        Ok(reset)
+    }
 }

@@ -27,7 +27,7 @@ pub use ps::{PsConfig, PsSync};
 use std::ops::Range;
 use std::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A stand-in weight matrix for checking a codec and strategy pair (an [`EngineConfig`]'s
 /// `plan`) before the model exists.
@@ -157,6 +157,22 @@ pub trait CheckpointSync {
     /// Restores [`CheckpointSync::save_state`]'s bytes into a fresh sync, which then
     /// continues as if it had taken `steps_taken` steps.
     fn load_state(&mut self, state: &[u8], steps_taken: u64) -> Result<()>;
+
+    /// Elastic training: restores what fits of `state` (saved by
+    /// [`CheckpointSync::save_state`] on another rank or in a world of another size; `None`
+    /// for a rank new to the run, which starts fresh) into a fresh sync, which then
+    /// continues as if it had taken `steps_taken` steps. The names of the tensors whose
+    /// state did not fit and starts afresh. Unsupported unless the sync says otherwise.
+    fn load_state_elsewhere(
+        &mut self,
+        state: Option<&[u8]>,
+        steps_taken: u64,
+    ) -> Result<Vec<String>> {
+        let _ = (state, steps_taken);
+        Err(Error::Unsupported {
+            what: "move its state to another world (elastic training needs the engine)",
+        })
+    }
 }
 
 /// A sync that applies the update itself (a parameter server). Returned by
