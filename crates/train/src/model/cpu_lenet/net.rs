@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::init::{init_flat, ParamInit};
 use crate::model::{ModelKind, ParamTensor};
 
-/// The hand-written LeNet-5 behind the [`Model`] trait.
+/// The hand-written LeNet-5 behind the [`Model`](crate::model::Model) trait.
 pub(crate) struct CpuLeNet {
     pub(super) geom: Geom,
     pub(super) off: Offsets,
