@@ -214,6 +214,66 @@ fn a_joiner_waits_until_the_ranks_admit_it_as_the_last_rank() {
     }
 }
 
+/// An authenticated connection speaking frames by hand.
+fn raw_member(addr: SocketAddr) -> TcpStream {
+    use gradwire_run::elastic::{COORDINATOR_ID, ROLE_MEMBER};
+    use gradwire_transport::tcp::service::{self, Identity};
+    let mut s = TcpStream::connect(addr).unwrap();
+    let me = Identity {
+        id: 99,
+        role: ROLE_MEMBER,
+    };
+    service::connect(
+        &mut s,
+        TOKEN.as_bytes(),
+        me,
+        COORDINATOR_ID,
+        Instant::now() + WAIT,
+    )
+    .unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s
+}
+
+#[test]
+fn garbage_from_a_member_is_a_loss_and_a_joiner_takes_its_place() {
+    let c = Coordinator::start(config(1, 3, 2)).unwrap();
+    let good = newcomer(c.addr());
+    let mut raw = raw_member(c.addr());
+    raw.write_all(&encode_request(&Request::Next {
+        commits: vec![],
+        reached: 0,
+    }))
+    .unwrap();
+    let raw_world = match decode_reply(&read_frame(&mut raw).unwrap()).unwrap() {
+        Reply::World(w) => w,
+        other => panic!("{other:?}"),
+    };
+    let (good, good_world) = good.join().unwrap();
+    assert_eq!(good_world.unwrap().world_size, 2);
+    let joiner = newcomer(c.addr());
+    let mut good = good;
+    pending_becomes(&mut good, true);
+    // A frame whose body is not a message.
+    raw.write_all(&[3, 0, 0, 0, b'{', b'{', b'{']).unwrap();
+    let (_, w) = ask(good, vec![7], 9).join().unwrap();
+    let w = w.unwrap();
+    let (_, jw) = joiner.join().unwrap();
+    let jw = jw.unwrap();
+    assert_eq!(
+        (w.generation, w.rank, w.world_size, w.survivors),
+        (1, 0, 2, 1)
+    );
+    assert_eq!((jw.generation, jw.rank, jw.restore_step), (1, 1, Some(7)));
+    let e = &c.events()[1];
+    assert_eq!(e.kind, "lost+joined");
+    assert_eq!(e.lost_ranks, [raw_world.rank]);
+    assert_eq!((e.joined, e.reached_step, e.steps_lost), (1, 9, 2));
+    // The garbage closed its connection.
+    let mut buf = [0u8; 8];
+    assert!(!matches!(raw.read(&mut buf), Ok(n) if n > 0));
+}
+
 #[test]
 fn a_loss_below_min_with_no_joiner_aborts_the_survivors() {
     let c = Coordinator::start(config(3, 3, 3)).unwrap();
