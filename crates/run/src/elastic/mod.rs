@@ -61,6 +61,7 @@ pub mod coordinator;
 mod error;
 pub mod member;
 pub mod message;
+mod state;
 
 pub use coordinator::{Coordinator, CoordinatorConfig, Outcome, COORDINATOR_ID, ROLE_MEMBER};
 pub use error::ElasticError;
