@@ -231,6 +231,58 @@ pub fn spawn_quiet(spec: &RankSpec) -> Result<Ranks> {
     spawn_inner(spec, Output::Rank0)
 }
 
+/// How an elastic job's processes find their coordinator (`gradwire train --elastic`).
+pub struct ElasticEnv {
+    /// The coordinator's address (`GRADWIRE_ELASTIC`).
+    pub coordinator: SocketAddr,
+    /// The job's token (`GRADWIRE_TOKEN`).
+    pub token: String,
+    /// The job's id (`GRADWIRE_JOB_ID`).
+    pub job: String,
+}
+
+/// Starts the processes of an elastic job: no rank in their environment (the coordinator
+/// gives each its rank, generation by generation), every process's output passed through
+/// (only the current rank 0 reports). Wait with [`Ranks::wait_elastic`].
+pub fn spawn_elastic(spec: &RankSpec, env: &ElasticEnv) -> Result<Ranks> {
+    let mut ranks = Ranks {
+        children: Vec::new(),
+        pumps: Vec::new(),
+        captured: None,
+        rings: None,
+        forwarded: None,
+        _live: Live::new(),
+    };
+    for i in 0..spec.np {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env(
+                gradwire_run::elastic::ENV_ELASTIC,
+                env.coordinator.to_string(),
+            )
+            .env("GRADWIRE_LOCAL_SIZE", spec.np.to_string())
+            .env("GRADWIRE_TOKEN", &env.token)
+            .env("GRADWIRE_JOB_ID", &env.job)
+            .stdin(Stdio::null());
+        for var in [
+            "GRADWIRE_RANK",
+            "GRADWIRE_WORLD_SIZE",
+            "GRADWIRE_LOCAL_RANK",
+        ] {
+            cmd.env_remove(var);
+        }
+        if let Some(t) = spec.timeout {
+            cmd.env("GRADWIRE_TIMEOUT", t.to_string());
+        }
+        own_group_dies_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting worker {i}: {}", spec.program))?;
+        ranks.children.push(Some(child));
+    }
+    Ok(ranks)
+}
+
 fn spawn_inner(spec: &RankSpec, output: Output) -> Result<Ranks> {
     let master = match spec.master {
         Some(m) => m,
@@ -370,6 +422,60 @@ impl Ranks {
         }
         self.finish();
         Ok(done.into_iter().flatten().collect())
+    }
+
+    /// Waits for an elastic job: a process that ends, even killed, stops nothing (the
+    /// coordinator re-forms the world without it); the job ends when `outcome` says so
+    /// (`Some(Ok)`: finished, `Some(Err(reason))`: aborted), after which the processes get
+    /// [`GRACE`] to exit before they are killed. Signals are passed on as by [`Ranks::wait`].
+    /// Returns the outcome.
+    pub fn wait_elastic(
+        mut self,
+        outcome: impl Fn(Duration) -> Option<std::result::Result<(), String>>,
+    ) -> Result<std::result::Result<(), String>> {
+        let mut done: Vec<Option<ExitStatus>> = vec![None; self.children.len()];
+        let result = loop {
+            self.pass_on_signals();
+            for (i, slot) in self.children.iter_mut().enumerate() {
+                let Some(child) = slot.as_mut() else {
+                    continue;
+                };
+                if let Some(status) = child
+                    .try_wait()
+                    .with_context(|| format!("waiting for worker {i}"))?
+                {
+                    done[i] = Some(status);
+                    *slot = None;
+                }
+            }
+            if let Some(sig) = self.forwarded.map(|(sig, _)| sig) {
+                if self.children.iter().all(Option::is_none) {
+                    break Err(format!("stopped by signal {sig}"));
+                }
+            }
+            if let Some(r) = outcome(Duration::from_millis(20)) {
+                break r;
+            }
+        };
+        let grace = Instant::now() + GRACE;
+        for (i, slot) in self.children.iter_mut().enumerate() {
+            if let Some(c) = slot.as_mut() {
+                while Instant::now() < grace {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        done[i] = Some(status);
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if done[i].is_none() {
+                    signal_group(c, libc::SIGKILL);
+                    let _ = c.wait();
+                }
+            }
+            *slot = None;
+        }
+        self.finish();
+        Ok(result)
     }
 
     /// Passes a SIGTERM or SIGINT this process got on to every rank still running; SIGKILLs

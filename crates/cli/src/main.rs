@@ -25,6 +25,7 @@ mod simulate_host;
 mod size;
 mod train;
 mod train_checkpoint;
+mod train_elastic;
 mod train_parallel;
 mod train_ps;
 mod train_sandblaster;

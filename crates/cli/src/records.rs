@@ -140,6 +140,10 @@ pub struct RunRecord {
     /// holds which tensors, and the bytes crossing the boundaries per step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_parallel: Option<serde_json::Value>,
+    /// The membership events of an elastic run (`--elastic`): each generation of the world,
+    /// why it formed, and what it cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<serde_json::Value>,
 }
 
 impl RunRecord {
@@ -293,6 +297,7 @@ pub(crate) mod tests {
             link: None,
             codec_choice: None,
             model_parallel: None,
+            membership: None,
         }
     }
 

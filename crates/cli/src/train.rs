@@ -180,6 +180,9 @@ pub struct TrainArgs {
     /// Model-parallel settings.
     #[command(flatten)]
     pub mp: crate::train_parallel::ModelParallelArgs,
+    /// Elastic settings.
+    #[command(flatten)]
+    pub elastic: crate::train_elastic::ElasticArgs,
 }
 
 /// The same settings as read from a TOML file (parsed with the same rules as the flags).
@@ -274,6 +277,8 @@ pub struct Plan {
     pub checkpoint_every: u64,
     /// The `--out` folder of the run to continue.
     pub resume: Option<PathBuf>,
+    /// Elastic training, if asked for.
+    pub elastic: Option<crate::train_elastic::Elastic>,
 }
 
 impl Plan {
@@ -325,6 +330,7 @@ impl Plan {
                 .as_ref()
                 .and_then(|c| serde_json::to_value(c).ok()),
             model_parallel: None,
+            membership: None,
         }
     }
 }
@@ -557,6 +563,7 @@ impl TrainArgs {
             codec_choice: None,
             checkpoint_every: self.checkpoint_every.or(file.checkpoint_every).unwrap_or(0),
             resume: self.resume.clone(),
+            elastic: None,
         };
         if plan.checkpoint_every > 0 || plan.resume.is_some() {
             if ps_mode.is_some() {
@@ -610,6 +617,7 @@ impl TrainArgs {
         if let (Some(mp), Some(ps)) = (&plan.model_parallel, &plan.ps) {
             crate::train_parallel::check_ps(mp, ps)?;
         }
+        plan.elastic = crate::train_elastic::Elastic::from_args(&self.elastic, &plan)?;
         Ok(plan)
     }
 }
@@ -655,8 +663,32 @@ fn default_optimizer(model: ModelKind) -> OptimizerConfig {
 
 /// Runs `gradwire train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
+    if let Some(dir) = &args.elastic.join {
+        return crate::train_elastic::join(dir);
+    }
     let launched = gradwire_run::join::detect()?;
     let plan = args.plan(Host::detect(launched.as_ref()))?;
+    if let Some(elastic) = &plan.elastic {
+        if launched.is_some() {
+            bail!("--elastic starts its own workers: run it without a launcher");
+        }
+        let member = gradwire_run::elastic::Member::from_env(std::time::Duration::from_secs(30))
+            .context("joining the elastic coordinator")?;
+        return match member {
+            Some(m) if args.worker => {
+                crate::train_elastic::run_member(&plan, elastic, m, args.quiet)
+            }
+            _ => {
+                if args.threads_as_workers
+                    || args.transport != gradwire_run::join::TransportKind::Auto
+                        && args.transport != gradwire_run::join::TransportKind::Tcp
+                {
+                    bail!("--elastic runs its workers as processes over TCP (not --threads-as-workers or --transport {})", args.transport.name());
+                }
+                crate::train_elastic::run_parent(&plan, elastic)
+            }
+        };
+    }
     if plan.ps.is_some() {
         return crate::train_ps::run(args, &plan, launched.as_ref());
     }
@@ -764,27 +796,12 @@ fn run_rank<T: Transport + 'static>(
     };
     // The engine's schedules (DGC's warm-up in epochs) need at least one step per epoch.
     let steps_guess = gradwire_train::steps_per_epoch(data.train.len(), world, &plan.train).max(1);
-    let engine = EngineConfig {
-        codec: plan.codec.clone(),
-        strategy: plan.sync,
-        rules: plan.rules.clone(),
-        momentum: plan
-            .momentum_correction
-            .map(|(beta, nesterov)| MomentumConfig {
-                beta: beta as f32,
-                nesterov,
-                masking: true,
-            }),
-        fusion_bytes: plan.fusion_bytes,
-        seed: plan.train.seed,
-        timeline: plan.timeline.is_some(),
-        // The host hierarchy is the world's; a partition group's ranks are spread over it.
-        hosts: match part_index {
-            None => crate::hier::engine_hosts(rank, world)?,
-            Some(_) => None,
-        },
-        ..EngineConfig::default()
+    // The host hierarchy is the world's; a partition group's ranks are spread over it.
+    let hosts = match part_index {
+        None => crate::hier::engine_hosts(rank, world)?,
+        Some(_) => None,
     };
+    let engine = engine_config(plan, hosts);
     let sync = EngineSync::new(t, engine, &model.tensors(), steps_guess)
         .with_context(|| format!("rank {rank}: starting the engine"))?;
     let mut trainer = Trainer::new(model, sync, plan.train.clone(), data.train.len())?;
@@ -979,6 +996,30 @@ fn run_rank<T: Transport + 'static>(
     }
     sync.shutdown()?;
     Ok(kept)
+}
+
+/// The engine's settings for `plan`, with the host hierarchy `hosts` (if any).
+pub(crate) fn engine_config(
+    plan: &Plan,
+    hosts: Option<gradwire_engine::HostConfig>,
+) -> EngineConfig {
+    EngineConfig {
+        codec: plan.codec.clone(),
+        strategy: plan.sync,
+        rules: plan.rules.clone(),
+        momentum: plan
+            .momentum_correction
+            .map(|(beta, nesterov)| MomentumConfig {
+                beta: beta as f32,
+                nesterov,
+                masking: true,
+            }),
+        fusion_bytes: plan.fusion_bytes,
+        seed: plan.train.seed,
+        timeline: plan.timeline.is_some(),
+        hosts,
+        ..EngineConfig::default()
+    }
 }
 
 /// Under model parallelism: prints the partition plan and keeps it in `run` (with every

@@ -64,6 +64,7 @@ pub fn output_of(cmd: &mut Command, limit: Duration) -> Output {
 }
 
 /// The largest difference between `a` and `b` relative to the largest magnitude in `a`.
+#[allow(dead_code)] // used by the model-parallel tests, not by every test binary
 pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "parameter counts");
     let scale = a.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));

@@ -1,0 +1,654 @@
+//! `gradwire train --elastic MIN:MAX`: elastic all-reduce training (TorchElastic's
+//! rendezvous, Horovod Elastic's `hvd.elastic.run` with `state.commit()`).
+//!
+//! The parent starts a membership coordinator (`gradwire_run::elastic`) and `--workers`
+//! processes. The coordinator forms each *generation* of the world: every process learns its
+//! rank and world size from it and builds a fresh TCP mesh under the generation's job id and
+//! the job's token. Every `--commit-every` steps each rank commits its state in memory
+//! (`Trainer::commit`: parameters, optimizer, codec residuals, the epoch's order; the two
+//! newest are kept).
+//!
+//! - **A rank dies** (or stalls past the transport's deadline): the survivors' collectives
+//!   fail naming it, each asks the coordinator for the next world with the steps of the
+//!   commits it holds; the coordinator forms a generation of the survivors (and any waiting
+//!   joiner) at the newest step all of them committed. Rank 0 broadcasts its commit, every
+//!   rank restores it (`Trainer::restore_elsewhere`: its own codec state where it fits, the
+//!   epoch's untaken samples, the lost rank's too, dealt over the new world) and training
+//!   goes on with fewer ranks, losing at most the steps since the last commit. A lost
+//!   rank's codec residual is lost with it (see `gradwire_train::elastic`).
+//! - **A process joins** (`gradwire train --join OUT`, OUT being the run's `--out`): it waits
+//!   at the coordinator; at the next commit rank 0 learns of it, the ranks agree, and the
+//!   next generation admits it; it receives the state by the same broadcast and starts with
+//!   fresh codec state.
+//! - Below `MIN` ranks the coordinator waits for joiners for its timeout, then the run
+//!   fails. The learning rate is kept as it is when the world (and so the global batch)
+//!   changes, as Horovod Elastic does by default.
+//!
+//! Rank 0 of the current generation reports the epochs (metrics.jsonl continues across
+//! generations; an epoch re-run after a restore replaces its line); at the end the parent
+//! adds the membership events to run.json (`membership`: each generation's cause, world
+//! sizes, restore step, steps lost, and the seconds from detection to the new world and to
+//! training again).
+//!
+//! Not with parameter servers, model parallelism, `--overlap-steps 1`, on-disk checkpoints
+//! (`--checkpoint-every`, `--resume`) or `--timeline`; only processes on this host (the
+//! parent starts them; a joiner runs here too).
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gradwire_run::elastic::{Coordinator, CoordinatorConfig, Member, MembershipEvent, Outcome};
+use gradwire_train::elastic::Commit;
+use gradwire_train::{EngineSync, GradientSync, StepInfo, Trainer};
+use gradwire_transport::tcp::{Tcp, TcpConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::launch::{spawn_elastic, ElasticEnv, RankSpec};
+use crate::plot::human_bytes;
+use crate::records::{append_jsonl, RunRecord};
+use crate::train::{progress_bar, record, write_run, Plan};
+
+/// Steps between commits when `--commit-every` is not given.
+pub const DEFAULT_COMMIT_EVERY: u64 = 10;
+
+/// The flags of elastic training.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ElasticArgs {
+    /// Elastic training between MIN and MAX ranks (`--workers` start it): when a rank dies
+    /// the others go on from the last commit (--commit-every) without it, and processes
+    /// started with `--join OUT` are admitted at the next commit. TCP processes on this host.
+    #[arg(long, value_name = "MIN:MAX")]
+    pub elastic: Option<ElasticRange>,
+    /// Steps between the in-memory commits of --elastic: a lost rank costs at most this
+    /// many steps, and a joiner waits at most this long [default: 10].
+    #[arg(long, value_name = "N")]
+    pub commit_every: Option<u64>,
+    /// Join the running elastic run whose --out folder is DIR as one more worker (its
+    /// settings are that run's; the other flags are ignored).
+    #[arg(long, value_name = "DIR")]
+    pub join: Option<PathBuf>,
+}
+
+/// `MIN:MAX` ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElasticRange {
+    /// The fewest ranks the run goes on with.
+    pub min: usize,
+    /// The most ranks it admits.
+    pub max: usize,
+}
+
+impl std::str::FromStr for ElasticRange {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (a, b) = s
+            .split_once(':')
+            .ok_or_else(|| format!("{s:?}: expected MIN:MAX, e.g. 2:4"))?;
+        let num = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{s:?}: {v:?} is not a number of ranks"))
+        };
+        let (min, max) = (num(a)?, num(b)?);
+        if min == 0 || min > max || max > 64 {
+            return Err(format!("{s:?}: need 1 <= MIN <= MAX <= 64"));
+        }
+        Ok(ElasticRange { min, max })
+    }
+}
+
+/// A validated elastic setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elastic {
+    /// The range of world sizes.
+    pub range: ElasticRange,
+    /// Steps between commits.
+    pub commit_every: u64,
+}
+
+impl Elastic {
+    /// The setting the flags ask for, checked against the rest of the plan (`None` without
+    /// `--elastic`).
+    pub fn from_args(args: &ElasticArgs, plan: &Plan) -> Result<Option<Elastic>> {
+        let Some(range) = args.elastic else {
+            if args.commit_every.is_some() {
+                bail!(
+                    "--commit-every goes with --elastic (on-disk checkpoints: --checkpoint-every)"
+                );
+            }
+            return Ok(None);
+        };
+        let refuse =
+            |what: &str| -> Result<Option<Elastic>> { bail!("--elastic does not go with {what}") };
+        if plan.ps.is_some() {
+            return refuse("a parameter server (--sync ps-*)");
+        }
+        if plan.model_parallel.is_some() {
+            return refuse("--model-parallel");
+        }
+        if plan.train.overlap_steps != 0 {
+            return refuse("--overlap-steps 1");
+        }
+        if plan.checkpoint_every > 0 || plan.resume.is_some() {
+            return refuse("--checkpoint-every or --resume (its commits are kept in memory)");
+        }
+        if plan.timeline.is_some() {
+            return refuse("--timeline");
+        }
+        if !(range.min..=range.max).contains(&plan.workers) {
+            bail!(
+                "--workers {} is outside --elastic {}:{}",
+                plan.workers,
+                range.min,
+                range.max
+            );
+        }
+        let commit_every = args.commit_every.unwrap_or(DEFAULT_COMMIT_EVERY);
+        if commit_every == 0 {
+            bail!("--commit-every must be at least 1");
+        }
+        Ok(Some(Elastic {
+            range,
+            commit_every,
+        }))
+    }
+}
+
+/// What a joiner needs to find a running elastic job: `OUT/elastic/join.json` (mode 0600:
+/// it holds the token).
+#[derive(Debug, Serialize, Deserialize)]
+struct JoinFile {
+    coordinator: String,
+    token: String,
+    job: String,
+    /// The workers' command line after the program name.
+    args: Vec<String>,
+}
+
+fn join_file(out: &Path) -> PathBuf {
+    out.join("elastic").join("join.json")
+}
+
+/// The transport deadline the workers use (`GRADWIRE_TIMEOUT`, else the default).
+fn transport_timeout() -> Duration {
+    std::env::var("GRADWIRE_TIMEOUT")
+        .ok()
+        .and_then(|t| gradwire_transport::env::parse_seconds(&t))
+        .unwrap_or(gradwire_transport::DEFAULT_TIMEOUT)
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The parent of an elastic run: the coordinator, the workers, the outcome, and the
+/// membership events added to run.json.
+pub fn run_parent(plan: &Plan, elastic: &Elastic) -> Result<()> {
+    let token = format!("{:032x}", rand::random::<u128>());
+    let job = format!("{:032x}", rand::random::<u128>());
+    let mut cfg = CoordinatorConfig::new(
+        elastic.range.min,
+        elastic.range.max,
+        plan.workers,
+        token.clone(),
+        job.clone(),
+    );
+    // Survivors wait up to a transport deadline on a stalled peer before they report.
+    cfg.timeout = transport_timeout() + Duration::from_secs(10);
+    let coord = Coordinator::start(cfg).context("starting the elastic coordinator")?;
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--worker".into());
+    std::fs::create_dir_all(plan.out.join("elastic"))
+        .with_context(|| format!("creating {}", plan.out.join("elastic").display()))?;
+    let file = JoinFile {
+        coordinator: coord.addr().to_string(),
+        token: token.clone(),
+        job: job.clone(),
+        args: args.clone(),
+    };
+    write_private(&join_file(&plan.out), &serde_json::to_vec_pretty(&file)?)?;
+    eprintln!(
+        "gradwire train: elastic {}:{} ranks, commits every {} steps; add a worker with: gradwire train --join {}",
+        elastic.range.min,
+        elastic.range.max,
+        elastic.commit_every,
+        plan.out.display()
+    );
+    let spec = RankSpec {
+        np: plan.workers,
+        master: None,
+        timeout: None,
+        program: exe.display().to_string(),
+        args,
+    };
+    let env = ElasticEnv {
+        coordinator: coord.addr(),
+        token,
+        job,
+    };
+    let ranks = spawn_elastic(&spec, &env)?;
+    let result = ranks.wait_elastic(|wait| {
+        coord.wait(wait).map(|o| match o {
+            Outcome::Finished => Ok(()),
+            Outcome::Aborted(why) => Err(why),
+        })
+    })?;
+    let _ = std::fs::remove_file(join_file(&plan.out));
+    let events = coord.events();
+    for e in &events {
+        eprintln!("gradwire train: membership: {}", describe_event(e));
+    }
+    if let Err(why) = result {
+        bail!("the elastic run stopped: {why}");
+    }
+    add_membership(&plan.out, &events)
+}
+
+/// Writes `bytes` to `path` readable by this user only.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// One line for an event.
+fn describe_event(e: &MembershipEvent) -> String {
+    let after =
+        |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.2} s", t - e.detected_unix_s));
+    match e.kind.as_str() {
+        "start" => format!("generation 0: {} ranks", e.world_size_after),
+        _ => format!(
+            "generation {}: {} (lost ranks {:?}, {} joined), {} -> {} ranks, restored step {}, {} steps lost, new world after {}, training again after {}",
+            e.generation,
+            e.kind,
+            e.lost_ranks,
+            e.joined,
+            e.world_size_before,
+            e.world_size_after,
+            e.restore_step.map_or("-".into(), |s| s.to_string()),
+            e.steps_lost,
+            after(Some(e.formed_unix_s)),
+            after(e.resumed_unix_s),
+        ),
+    }
+}
+
+/// The events as run.json keeps them: each with its costs in seconds.
+fn membership_json(events: &[MembershipEvent]) -> serde_json::Value {
+    serde_json::Value::Array(
+        events
+            .iter()
+            .map(|e| {
+                let mut v = serde_json::to_value(e).expect("events serialize");
+                v["detect_to_world_s"] = (e.formed_unix_s - e.detected_unix_s).into();
+                v["detect_to_training_s"] = e.resumed_unix_s.map(|r| r - e.detected_unix_s).into();
+                v
+            })
+            .collect(),
+    )
+}
+
+/// Adds `membership` to the run.json the last rank 0 wrote.
+fn add_membership(out: &Path, events: &[MembershipEvent]) -> Result<()> {
+    let path = out.join("run.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut run: RunRecord =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    run.membership = Some(membership_json(events));
+    std::fs::write(&path, serde_json::to_string_pretty(&run)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `gradwire train --join DIR`: becomes one more worker of the elastic run whose `--out` is
+/// DIR (replaces this process with the workers' command line).
+pub fn join(dir: &Path) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let path = join_file(dir);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "--join {}: no running elastic run there ({} unreadable)",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    let file: JoinFile =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let err = std::process::Command::new(exe)
+        .args(&file.args)
+        .env(gradwire_run::elastic::ENV_ELASTIC, &file.coordinator)
+        .env("GRADWIRE_TOKEN", &file.token)
+        .env("GRADWIRE_JOB_ID", &file.job)
+        .exec();
+    Err(err).context("starting the joining worker")
+}
+
+/// How one generation ended on this rank.
+enum End {
+    /// Every epoch is done.
+    Finished,
+    /// The ranks agreed to admit a joiner at this commit.
+    Grow,
+}
+
+/// What a rank keeps across generations.
+struct Kept {
+    /// The two newest commits.
+    commits: VecDeque<Commit>,
+    /// The last global step completed.
+    reached: u64,
+}
+
+impl Kept {
+    fn push(&mut self, c: Commit) {
+        if self
+            .commits
+            .back()
+            .is_some_and(|b| b.checkpoint.global_step == c.checkpoint.global_step)
+        {
+            self.commits.pop_back();
+        }
+        self.commits.push_back(c);
+        while self.commits.len() > 2 {
+            self.commits.pop_front();
+        }
+    }
+    fn steps(&self) -> Vec<u64> {
+        self.commits
+            .iter()
+            .map(|c| c.checkpoint.global_step)
+            .collect()
+    }
+    fn at(&self, step: u64) -> Option<&Commit> {
+        self.commits
+            .iter()
+            .find(|c| c.checkpoint.global_step == step)
+    }
+}
+
+/// Whether `e` is a peer's failure (a transport error anywhere in its chain): the world is
+/// re-formed. Anything else (divergence, a bad setting) ends this worker.
+fn peer_failure(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<gradwire_transport::Error>().is_some()
+            || c.downcast_ref::<gradwire_collective::Error>().is_some()
+            || matches!(
+                c.downcast_ref::<gradwire_train::Error>(),
+                Some(gradwire_train::Error::Engine(_))
+            )
+    })
+}
+
+/// One worker of an elastic run, generation after generation, until the run ends.
+pub fn run_member(plan: &Plan, elastic: &Elastic, mut member: Member, quiet: bool) -> Result<()> {
+    gradwire_train::init_threads(plan.threads);
+    let data = plan
+        .dataset
+        .load(&plan.data, plan.seq_len)
+        .with_context(|| format!("loading {}", plan.dataset.name()))?;
+    let token = std::env::var("GRADWIRE_TOKEN").unwrap_or_default();
+    let mut kept = Kept {
+        commits: VecDeque::new(),
+        reached: 0,
+    };
+    // The longest a world may take to form: survivors awaited, then joiners awaited.
+    let wait = 3 * (transport_timeout() + Duration::from_secs(10)) + Duration::from_secs(120);
+    loop {
+        let world = member
+            .next_world(&kept.steps(), kept.reached, wait)
+            .context("asking the elastic coordinator for the next world")?;
+        let outcome = generation(
+            plan,
+            elastic,
+            &data,
+            &token,
+            &world,
+            &mut member,
+            &mut kept,
+            quiet,
+        );
+        match outcome {
+            Ok(End::Finished) => {
+                member
+                    .done()
+                    .context("telling the coordinator the run is done")?;
+                return Ok(());
+            }
+            Ok(End::Grow) => continue,
+            Err(e) if peer_failure(&e) => {
+                eprintln!(
+                    "gradwire train: generation {} rank {}: {}; re-forming the world",
+                    world.generation,
+                    world.rank,
+                    e.root_cause()
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Trains as rank `world.rank` of one generation.
+#[allow(clippy::too_many_arguments)]
+fn generation(
+    plan: &Plan,
+    elastic: &Elastic,
+    data: &gradwire_train::data::Dataset,
+    token: &str,
+    world: &gradwire_run::elastic::World,
+    member: &mut Member,
+    kept: &mut Kept,
+    quiet: bool,
+) -> Result<End> {
+    let (rank, size) = (world.rank as usize, world.world_size as usize);
+    let master = world
+        .master
+        .parse()
+        .context("the generation's master address")?;
+    let mut cfg = TcpConfig::new(rank, size, master, token);
+    cfg.job = world.job.clone();
+    cfg.timeout = transport_timeout();
+    let mut t = Tcp::connect(&cfg).with_context(|| {
+        format!(
+            "generation {}: joining the mesh at {master}",
+            world.generation
+        )
+    })?;
+    // Rank 0 (a survivor whenever one exists) sends its commit to every rank.
+    let shared = match world.restore_step {
+        None => None,
+        Some(step) => {
+            let mut bytes = match (rank, kept.at(step)) {
+                (0, Some(c)) => c.to_bytes(),
+                (0, None) => bail!("rank 0 holds no commit of step {step}"),
+                _ => Vec::new(),
+            };
+            gradwire_collective::broadcast::broadcast_bytes(
+                &mut t,
+                &mut bytes,
+                0,
+                1 << 20,
+                gradwire_collective::broadcast::DEFAULT_MAX_BROADCAST_BYTES,
+            )
+            .context("receiving rank 0's commit")?;
+            Some(Commit::from_bytes(&bytes).context("rank 0's commit")?)
+        }
+    };
+    let reporting = rank == 0;
+    let model = plan.model.build(data.shape(), plan.train.seed)?;
+    let steps_guess = gradwire_train::steps_per_epoch(data.train.len(), size, &plan.train).max(1);
+    let engine = crate::train::engine_config(plan, None);
+    let sync = EngineSync::new(t, engine, &model.tensors(), steps_guess)
+        .with_context(|| format!("rank {rank}: starting the engine"))?;
+    let mut trainer = Trainer::new(model, sync, plan.train.clone(), data.train.len())?;
+    if let (Some(shared), Some(step)) = (&shared, world.restore_step) {
+        let own = if (rank as u32) < world.survivors {
+            kept.at(step)
+        } else {
+            None
+        };
+        let reset = trainer
+            .restore_elsewhere(shared, own, data.train.len())
+            .with_context(|| format!("rank {rank}: restoring step {step}"))?;
+        if reporting && !reset.is_empty() {
+            eprintln!(
+                "gradwire train: codec state of {} tensor(s) does not fit {size} ranks and starts afresh: {}",
+                reset.len(),
+                reset.join(", ")
+            );
+        }
+    }
+    kept.push(trainer.commit()?);
+    let mut run = plan.run_record(size, trainer.steps_per_epoch(data.train.len()));
+    if reporting {
+        start_metrics(plan, &mut run, world.generation, trainer.epoch())?;
+        eprintln!(
+            "gradwire train: generation {}: {size} worker(s){}, codec {}, {} epochs, batch {} per worker",
+            world.generation,
+            world
+                .restore_step
+                .map_or(String::new(), |s| format!(" from step {s}")),
+            plan.codec,
+            plan.train.epochs,
+            plan.train.batch_size
+        );
+    }
+    let mut resumed_at: Option<f64> = None;
+    let mut resumed_sent = world.generation == 0;
+    let mut last_acc = String::new();
+    while (trainer.epoch() as usize) < plan.train.epochs {
+        let steps = trainer.steps_per_epoch(data.train.len());
+        let epoch = trainer.epoch() as usize;
+        let bar = (reporting && !quiet).then(|| progress_bar(steps, epoch, plan.train.epochs));
+        let start = Instant::now();
+        let mut reached = kept.reached;
+        let stats = loop {
+            let mut on_step = |s: &StepInfo| {
+                reached = s.global_step;
+                resumed_at.get_or_insert_with(unix_now);
+                if let Some(b) = &bar {
+                    b.set_position(s.step as u64 + 1);
+                    let ms = start.elapsed().as_secs_f64() * 1e3 / (s.step + 1) as f64;
+                    b.set_message(format!("loss {:.4}{last_acc} | {ms:.0} ms/step", s.loss));
+                }
+            };
+            let pause = (trainer.global_step() / elastic.commit_every + 1) * elastic.commit_every;
+            let done = trainer.run_epoch_until(data, &mut on_step, Some(pause));
+            kept.reached = reached;
+            if let (false, Some(at), true) = (resumed_sent, resumed_at, reporting) {
+                member.resumed(world.generation, at)?;
+                resumed_sent = true;
+            }
+            match done? {
+                Some(stats) => break stats,
+                None => {
+                    kept.push(trainer.commit()?);
+                    let ask = reporting && member.pending().context("asking for joiners")?;
+                    let mut flag = [if ask { 1.0 } else { 0.0 }];
+                    trainer.sync_mut().average_metrics(&mut flag)?;
+                    if flag[0] > 0.0 {
+                        if let Some(b) = &bar {
+                            b.finish_and_clear();
+                        }
+                        if reporting {
+                            eprintln!(
+                                "gradwire train: a worker waits to join: re-forming at step {}",
+                                trainer.global_step()
+                            );
+                        }
+                        return Ok(End::Grow);
+                    }
+                }
+            }
+        };
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if reporting {
+            let rec = record(&stats);
+            last_acc = rec
+                .test_accuracy
+                .map_or(String::new(), |a| format!(" | acc {:.2}%", a * 100.0));
+            println!("{}", serde_json::to_string(&rec)?);
+            eprintln!(
+                "epoch {}/{}: loss {:.4}{last_acc} | {:.1} s | {size} ranks | sent {}",
+                rec.epoch,
+                plan.train.epochs,
+                rec.train_loss,
+                rec.wall_s,
+                human_bytes(rec.bytes_sent as f64)
+            );
+            append_jsonl(&plan.out.join("metrics.jsonl"), &rec)?;
+            if let Some(j) = &plan.json {
+                append_jsonl(j, &rec)?;
+            }
+        }
+    }
+    // Every rank has finished before rank 0 reports the run done.
+    trainer.sync_mut().average_metrics(&mut [0.0])?;
+    if reporting {
+        if let Some(p) = &plan.save_params {
+            crate::train_ps::save_params(p, trainer.params())?;
+        }
+        run.epochs = crate::train_checkpoint::finished_epochs(&plan.out, u64::MAX)?
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
+        write_run(&run, &plan.out)?;
+        eprintln!("gradwire train: wrote {}", plan.out.display());
+    }
+    let (_, sync) = trainer.into_parts();
+    sync.shutdown()?;
+    Ok(End::Finished)
+}
+
+/// Rank 0 of a generation: starts metrics.jsonl afresh in generation 0; later, keeps the
+/// lines of the epochs finished before the one being run (an epoch re-run after a restore
+/// replaces its line).
+fn start_metrics(plan: &Plan, _run: &mut RunRecord, generation: u64, epoch: u64) -> Result<()> {
+    std::fs::create_dir_all(&plan.out)
+        .with_context(|| format!("creating {}", plan.out.display()))?;
+    let path = plan.out.join("metrics.jsonl");
+    let keep = if generation == 0 {
+        Vec::new()
+    } else {
+        crate::train_checkpoint::finished_epochs(&plan.out, epoch)?
+    };
+    let lines: String = keep
+        .iter()
+        .filter(|(_, r)| (r.epoch as u64) <= epoch)
+        .map(|(l, _)| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, lines).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ElasticRange;
+
+    #[test]
+    fn ranges_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            "2:4".parse::<ElasticRange>().unwrap(),
+            ElasticRange { min: 2, max: 4 }
+        );
+        for bad in ["4", "0:2", "3:2", "1:65", "a:2"] {
+            assert!(bad.parse::<ElasticRange>().is_err(), "{bad}");
+        }
+    }
+}
