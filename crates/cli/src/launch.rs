@@ -24,8 +24,9 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
     /// Number of ranks to start.
-    #[arg(short = 'n', long = "np", value_parser = clap::value_parser!(u32).range(1..=1024))]
-    np: u32,
+    #[arg(short = 'n', long = "np", value_parser = clap::value_parser!(u32).range(1..=1024),
+          required_unless_present = "join")]
+    np: Option<u32>,
     /// Rendezvous address of rank 0 (default: 127.0.0.1 and a free port).
     #[arg(long)]
     master: Option<SocketAddr>,
@@ -36,15 +37,55 @@ pub struct LaunchArgs {
     /// untouched (interleaved as the ranks write it).
     #[arg(long)]
     no_prefix: bool,
+    /// Elastic job of MIN to MAX processes (the `-n` start it): no process gets a rank from
+    /// the environment; a membership coordinator here forms each world, a process's death
+    /// re-forms it without that process (the job goes on while at least MIN remain), and
+    /// `gradwire launch --join FILE` adds one. For `gradwire train` and the Python package's
+    /// `gw.elastic.run`.
+    #[arg(long, value_name = "MIN:MAX")]
+    elastic: Option<crate::train_elastic::ElasticRange>,
+    /// With --elastic: write how to join the job to FILE (mode 0600: it holds the job's
+    /// token), removed when the job ends.
+    #[arg(long, value_name = "FILE", requires = "elastic")]
+    join_file: Option<std::path::PathBuf>,
+    /// Start one more process of the running elastic job whose --join-file is FILE (its
+    /// command, admitted at the job's next commit).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["elastic", "np"])]
+    join: Option<std::path::PathBuf>,
     /// The command each rank runs, after `--`.
-    #[arg(last = true, required = true, num_args = 1..)]
+    #[arg(last = true, required_unless_present = "join", num_args = 1..)]
     command: Vec<String>,
 }
 
 /// Runs the launcher; returns the exit code for the process.
 pub fn run(args: &LaunchArgs) -> Result<i32> {
+    if let Some(file) = &args.join {
+        crate::launch_elastic::join(file)?;
+        return Ok(0);
+    }
+    let np = args.np.map_or(1, |n| n as usize);
+    if let Some(range) = args.elastic {
+        if !(range.min..=range.max).contains(&np) {
+            anyhow::bail!("-n {np} is outside --elastic {}:{}", range.min, range.max);
+        }
+        let spec = RankSpec {
+            np,
+            master: None,
+            timeout: args.timeout,
+            program: args.command[0].clone(),
+            args: args.command[1..].to_vec(),
+        };
+        crate::launch_elastic::run(&crate::launch_elastic::ElasticJob {
+            spec: &spec,
+            min: range.min,
+            max: range.max,
+            join_file: args.join_file.as_deref(),
+            who: "gradwire launch",
+        })?;
+        return Ok(0);
+    }
     let spec = RankSpec {
-        np: args.np as usize,
+        np,
         master: args.master,
         timeout: args.timeout,
         program: args.command[0].clone(),

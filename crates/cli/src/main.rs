@@ -13,6 +13,7 @@ mod bench_ps;
 mod check;
 mod hier;
 mod launch;
+mod launch_elastic;
 mod plot;
 mod plot_timeline;
 mod ps;

@@ -670,24 +670,29 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let plan = args.plan(Host::detect(launched.as_ref()))?;
     if let Some(elastic) = &plan.elastic {
         if launched.is_some() {
-            bail!("--elastic starts its own workers: run it without a launcher");
+            bail!("--elastic starts its own workers: run it without a launcher (or under gradwire launch --elastic)");
         }
         let member = gradwire_run::elastic::Member::from_env(std::time::Duration::from_secs(30))
             .context("joining the elastic coordinator")?;
-        return match member {
-            Some(m) if args.worker => {
-                crate::train_elastic::run_member(&plan, elastic, m, args.quiet)
-            }
-            _ => {
-                if args.threads_as_workers
-                    || args.transport != gradwire_run::join::TransportKind::Auto
-                        && args.transport != gradwire_run::join::TransportKind::Tcp
-                {
-                    bail!("--elastic runs its workers as processes over TCP (not --threads-as-workers or --transport {})", args.transport.name());
-                }
-                crate::train_elastic::run_parent(&plan, elastic)
-            }
-        };
+        if let Some(m) = member {
+            let threads = args.threads.is_some();
+            return crate::train_elastic::run_member(&plan, elastic, m, args.quiet, threads);
+        }
+        if args.worker {
+            bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
+        }
+        if args.threads_as_workers
+            || !matches!(
+                args.transport,
+                gradwire_run::join::TransportKind::Auto | gradwire_run::join::TransportKind::Tcp
+            )
+        {
+            bail!(
+                "--elastic runs its workers as processes over TCP (not --threads-as-workers or --transport {})",
+                args.transport.name()
+            );
+        }
+        return crate::train_elastic::run_parent(&plan, elastic);
     }
     if plan.ps.is_some() {
         return crate::train_ps::run(args, &plan, launched.as_ref());

@@ -40,13 +40,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gradwire_run::elastic::{Coordinator, CoordinatorConfig, Member, MembershipEvent, Outcome};
+use gradwire_run::elastic::Member;
 use gradwire_train::elastic::Commit;
 use gradwire_train::{EngineSync, GradientSync, StepInfo, Trainer};
 use gradwire_transport::tcp::{Tcp, TcpConfig};
-use serde::{Deserialize, Serialize};
 
-use crate::launch::{spawn_elastic, ElasticEnv, RankSpec};
+use crate::launch::RankSpec;
+use crate::launch_elastic::{membership_json, transport_timeout, ElasticJob};
 use crate::plot::human_bytes;
 use crate::records::{append_jsonl, RunRecord};
 use crate::train::{progress_bar, record, write_run, Plan};
@@ -112,14 +112,19 @@ pub struct Elastic {
 impl Elastic {
     /// The setting the flags ask for, checked against the rest of the plan (`None` without
     /// `--elastic`).
+    /// A process that `gradwire launch --elastic` started (its environment names the
+    /// coordinator) is elastic without the flag; the launcher holds the range.
     pub fn from_args(args: &ElasticArgs, plan: &Plan) -> Result<Option<Elastic>> {
-        let Some(range) = args.elastic else {
-            if args.commit_every.is_some() {
-                bail!(
-                    "--commit-every goes with --elastic (on-disk checkpoints: --checkpoint-every)"
-                );
+        let launched = std::env::var_os(gradwire_run::elastic::ENV_ELASTIC).is_some();
+        let range = match args.elastic {
+            Some(r) => r,
+            None if launched => ElasticRange { min: 1, max: 64 },
+            None => {
+                if args.commit_every.is_some() {
+                    bail!("--commit-every goes with --elastic (on-disk checkpoints: --checkpoint-every)");
+                }
+                return Ok(None);
             }
-            return Ok(None);
         };
         let refuse =
             |what: &str| -> Result<Option<Elastic>> { bail!("--elastic does not go with {what}") };
@@ -138,7 +143,7 @@ impl Elastic {
         if plan.timeline.is_some() {
             return refuse("--timeline");
         }
-        if !(range.min..=range.max).contains(&plan.workers) {
+        if !launched && !(range.min..=range.max).contains(&plan.workers) {
             bail!(
                 "--workers {} is outside --elastic {}:{}",
                 plan.workers,
@@ -157,27 +162,9 @@ impl Elastic {
     }
 }
 
-/// What a joiner needs to find a running elastic job: `OUT/elastic/join.json` (mode 0600:
-/// it holds the token).
-#[derive(Debug, Serialize, Deserialize)]
-struct JoinFile {
-    coordinator: String,
-    token: String,
-    job: String,
-    /// The workers' command line after the program name.
-    args: Vec<String>,
-}
-
+/// Where an elastic run's join file is: `OUT/elastic/join.json`.
 fn join_file(out: &Path) -> PathBuf {
     out.join("elastic").join("join.json")
-}
-
-/// The transport deadline the workers use (`GRADWIRE_TIMEOUT`, else the default).
-fn transport_timeout() -> Duration {
-    std::env::var("GRADWIRE_TIMEOUT")
-        .ok()
-        .and_then(|t| gradwire_transport::env::parse_seconds(&t))
-        .unwrap_or(gradwire_transport::DEFAULT_TIMEOUT)
 }
 
 fn unix_now() -> f64 {
@@ -186,33 +173,12 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The parent of an elastic run: the coordinator, the workers, the outcome, and the
-/// membership events added to run.json.
+/// The parent of an elastic run: the coordinator and the workers until the run ends (the
+/// last rank 0 writes the membership events into run.json).
 pub fn run_parent(plan: &Plan, elastic: &Elastic) -> Result<()> {
-    let token = format!("{:032x}", rand::random::<u128>());
-    let job = format!("{:032x}", rand::random::<u128>());
-    let mut cfg = CoordinatorConfig::new(
-        elastic.range.min,
-        elastic.range.max,
-        plan.workers,
-        token.clone(),
-        job.clone(),
-    );
-    // Survivors wait up to a transport deadline on a stalled peer before they report.
-    cfg.timeout = transport_timeout() + Duration::from_secs(10);
-    let coord = Coordinator::start(cfg).context("starting the elastic coordinator")?;
     let exe = std::env::current_exe().context("locating the gradwire binary")?;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.push("--worker".into());
-    std::fs::create_dir_all(plan.out.join("elastic"))
-        .with_context(|| format!("creating {}", plan.out.join("elastic").display()))?;
-    let file = JoinFile {
-        coordinator: coord.addr().to_string(),
-        token: token.clone(),
-        job: job.clone(),
-        args: args.clone(),
-    };
-    write_private(&join_file(&plan.out), &serde_json::to_vec_pretty(&file)?)?;
     eprintln!(
         "gradwire train: elastic {}:{} ranks, commits every {} steps; add a worker with: gradwire train --join {}",
         elastic.range.min,
@@ -227,115 +193,22 @@ pub fn run_parent(plan: &Plan, elastic: &Elastic) -> Result<()> {
         program: exe.display().to_string(),
         args,
     };
-    let env = ElasticEnv {
-        coordinator: coord.addr(),
-        token,
-        job,
-    };
-    let ranks = spawn_elastic(&spec, &env)?;
-    let result = ranks.wait_elastic(|wait| {
-        coord.wait(wait).map(|o| match o {
-            Outcome::Finished => Ok(()),
-            Outcome::Aborted(why) => Err(why),
-        })
-    })?;
-    let _ = std::fs::remove_file(join_file(&plan.out));
-    let events = coord.events();
-    for e in &events {
-        eprintln!("gradwire train: membership: {}", describe_event(e));
-    }
-    if let Err(why) = result {
-        bail!("the elastic run stopped: {why}");
-    }
-    add_membership(&plan.out, &events)
-}
-
-/// Writes `bytes` to `path` readable by this user only.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(path);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-/// One line for an event.
-fn describe_event(e: &MembershipEvent) -> String {
-    let after =
-        |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.2} s", t - e.detected_unix_s));
-    match e.kind.as_str() {
-        "start" => format!("generation 0: {} ranks", e.world_size_after),
-        _ => format!(
-            "generation {}: {} (lost ranks {:?}, {} joined), {} -> {} ranks, restored step {}, {} steps lost, new world after {}, training again after {}",
-            e.generation,
-            e.kind,
-            e.lost_ranks,
-            e.joined,
-            e.world_size_before,
-            e.world_size_after,
-            e.restore_step.map_or("-".into(), |s| s.to_string()),
-            e.steps_lost,
-            after(Some(e.formed_unix_s)),
-            after(e.resumed_unix_s),
-        ),
-    }
-}
-
-/// The events as run.json keeps them: each with its costs in seconds.
-fn membership_json(events: &[MembershipEvent]) -> serde_json::Value {
-    serde_json::Value::Array(
-        events
-            .iter()
-            .map(|e| {
-                let mut v = serde_json::to_value(e).expect("events serialize");
-                v["detect_to_world_s"] = (e.formed_unix_s - e.detected_unix_s).into();
-                v["detect_to_training_s"] = e.resumed_unix_s.map(|r| r - e.detected_unix_s).into();
-                v
-            })
-            .collect(),
-    )
-}
-
-/// Adds `membership` to the run.json the last rank 0 wrote.
-fn add_membership(out: &Path, events: &[MembershipEvent]) -> Result<()> {
-    let path = out.join("run.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut run: RunRecord =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    run.membership = Some(membership_json(events));
-    std::fs::write(&path, serde_json::to_string_pretty(&run)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
+    let join = join_file(&plan.out);
+    crate::launch_elastic::run(&ElasticJob {
+        spec: &spec,
+        min: elastic.range.min,
+        max: elastic.range.max,
+        join_file: Some(&join),
+        who: "gradwire train",
+    })
+    .map(drop)
 }
 
 /// `gradwire train --join DIR`: becomes one more worker of the elastic run whose `--out` is
 /// DIR (replaces this process with the workers' command line).
 pub fn join(dir: &Path) -> Result<()> {
-    use std::os::unix::process::CommandExt;
-    let path = join_file(dir);
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "--join {}: no running elastic run there ({} unreadable)",
-            dir.display(),
-            path.display()
-        )
-    })?;
-    let file: JoinFile =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let exe = std::env::current_exe().context("locating the gradwire binary")?;
-    let err = std::process::Command::new(exe)
-        .args(&file.args)
-        .env(gradwire_run::elastic::ENV_ELASTIC, &file.coordinator)
-        .env("GRADWIRE_TOKEN", &file.token)
-        .env("GRADWIRE_JOB_ID", &file.job)
-        .exec();
-    Err(err).context("starting the joining worker")
+    crate::launch_elastic::join(&join_file(dir))
+        .with_context(|| format!("--join {}", dir.display()))
 }
 
 /// How one generation ended on this rank.
@@ -395,8 +268,26 @@ fn peer_failure(e: &anyhow::Error) -> bool {
 }
 
 /// One worker of an elastic run, generation after generation, until the run ends.
-pub fn run_member(plan: &Plan, elastic: &Elastic, mut member: Member, quiet: bool) -> Result<()> {
-    gradwire_train::init_threads(plan.threads);
+/// `threads_given`: whether `--threads` was (else the host's cores are shared among the
+/// launcher's processes, `GRADWIRE_LOCAL_SIZE`).
+pub fn run_member(
+    plan: &Plan,
+    elastic: &Elastic,
+    mut member: Member,
+    quiet: bool,
+    threads_given: bool,
+) -> Result<()> {
+    let local = std::env::var("GRADWIRE_LOCAL_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let threads = match local {
+        Some(n) if !threads_given => gradwire_train::threads_per_worker(
+            std::thread::available_parallelism().map_or(1, |c| c.get()),
+            n,
+        ),
+        _ => plan.threads,
+    };
+    gradwire_train::init_threads(threads);
     let data = plan
         .dataset
         .load(&plan.data, plan.seq_len)
@@ -609,6 +500,10 @@ fn generation(
             .into_iter()
             .map(|(_, r)| r)
             .collect();
+        let events = member
+            .events()
+            .context("asking for the membership events")?;
+        run.membership = Some(membership_json(&events));
         write_run(&run, &plan.out)?;
         eprintln!("gradwire train: wrote {}", plan.out.display());
     }

@@ -203,7 +203,7 @@ fn join_without_a_running_run_and_bad_settings_are_refused_by_name() {
     for (args, says) in [
         (
             vec!["--join", dir.to_str().unwrap()],
-            "no running elastic run",
+            "no running elastic job",
         ),
         (vec!["--elastic", "3:2"], "MIN <= MAX"),
         (
