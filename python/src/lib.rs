@@ -11,6 +11,7 @@
 
 mod buffer;
 mod codec;
+mod elastic;
 mod error;
 mod handle;
 mod rules;

@@ -7,7 +7,12 @@
 //! CLI builds); a restart first shuts the running engine down on every rank (each rank must
 //! call it at the same point) and takes its transport back. Collectives on names that are not
 //! registered run dense and exact.
+//!
+//! Under `gradwire launch --elastic` (`GRADWIRE_ELASTIC` set) the world comes from the job's
+//! membership coordinator instead of the launcher's variables, over TCP, and `reform` moves
+//! this rank to the next generation's world: the rank and world size change in place.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gradwire_engine::{Engine, EngineConfig, MomentumConfig, Phase, Rule, Strategy, TensorSpec};
@@ -18,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffer;
+use crate::elastic::Membership;
 use crate::error::{raise, raise_in, GradwireError};
 use crate::handle::Handle;
 
@@ -52,17 +58,38 @@ enum State {
 /// This process's rank of the job: its transport, then its engine.
 #[pyclass(module = "gradwire._gradwire", frozen)]
 pub struct Runtime {
-    rank: usize,
-    world: usize,
+    /// Atomics: an elastic re-form changes them.
+    rank: AtomicUsize,
+    world: AtomicUsize,
     local_rank: usize,
     local_size: usize,
     transport: String,
     state: Mutex<State>,
+    /// The elastic job's membership (`None` when not launched elastic).
+    elastic: Mutex<Option<Membership>>,
 }
 
 impl Runtime {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn membership(&self) -> std::sync::MutexGuard<'_, Option<Membership>> {
+        self.elastic.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the membership, without the GIL; a `GradwireError` when not elastic.
+    fn with_membership<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Membership) -> PyResult<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| match &mut *self.membership() {
+            Some(m) => f(m),
+            None => Err(GradwireError::new_err(
+                "this process is not part of an elastic job (no GRADWIRE_ELASTIC)",
+            )),
+        })
     }
 
     /// The running engine, started with no registered tensors if none runs yet.
@@ -124,10 +151,39 @@ impl Runtime {
             Err(err) => {
                 *self.lock() = State::Closed(err.to_string());
                 Err(raise_in(
-                    &format!("rank {}: starting the engine", self.rank),
+                    &format!(
+                        "rank {}: starting the engine",
+                        self.rank.load(Ordering::Relaxed)
+                    ),
                     &err,
                 ))
             }
+        }
+    }
+}
+
+impl Runtime {
+    /// A runtime over `t`, idle.
+    fn with(
+        t: Box<dyn Transport>,
+        local_size: usize,
+        transport: String,
+        elastic: Option<Membership>,
+    ) -> Runtime {
+        let get = |k: &str| std::env::var(k).ok();
+        let (rank, world) = (t.rank(), t.world_size());
+        let local_size = local_size.max(1);
+        let local_rank = gradwire_transport::env::local_rank_from(get)
+            .filter(|&r| r < local_size)
+            .unwrap_or(rank % local_size);
+        Runtime {
+            rank: AtomicUsize::new(rank),
+            world: AtomicUsize::new(world),
+            local_rank,
+            local_size,
+            transport,
+            state: Mutex::new(State::Idle(t)),
+            elastic: Mutex::new(elastic),
         }
     }
 }
@@ -140,10 +196,25 @@ impl Runtime {
     #[pyo3(signature = (transport = "auto"))]
     fn new(py: Python<'_>, transport: &str) -> PyResult<Self> {
         let kind: TransportKind = transport.parse().map_err(|e| raise(&e))?;
-        let launched = join::detect().map_err(|e| raise(&e))?;
+        let membership = py.detach(Membership::from_env)?;
+        let launched = match membership {
+            Some(_) => None,
+            None => join::detect().map_err(|e| raise(&e))?,
+        };
         let get = |k: &str| std::env::var(k).ok();
-        let (t, local_size): (Box<dyn Transport>, usize) = match &launched {
-            Some(l) => {
+        let (t, local_size): (Box<dyn Transport>, usize) = match (membership, &launched) {
+            (Some(mut m), _) => {
+                if !matches!(kind, TransportKind::Auto | TransportKind::Tcp) {
+                    return Err(PyValueError::new_err(format!(
+                        "transport={transport:?}: an elastic job runs over tcp"
+                    )));
+                }
+                let (_, t) = py.detach(|| m.next(&[], 0))?;
+                let size = gradwire_transport::env::local_size_from(get).unwrap_or(1);
+                let t: Box<dyn Transport> = Box::new(t);
+                return Ok(Runtime::with(t, size, "tcp".into(), Some(m)));
+            }
+            (None, Some(l)) => {
                 let l = l.clone();
                 let size = l.local_size;
                 let t = py
@@ -151,48 +222,99 @@ impl Runtime {
                     .map_err(|e| raise(&e))?;
                 (t, size)
             }
-            None if kind.resolve() == TransportKind::Mpi => {
+            (None, None) if kind.resolve() == TransportKind::Mpi => {
                 let t = py
                     .detach(move || join::join_from_env(kind))
                     .map_err(|e| raise(&e))?;
                 let size = gradwire_transport::env::local_size_from(get).unwrap_or(t.world_size());
                 (t, size)
             }
-            None => {
+            (None, None) => {
                 let t = gradwire_transport::local::Local::world(1)
                     .pop()
                     .ok_or_else(|| GradwireError::new_err("no local rank"))?;
                 (Box::new(t), 1)
             }
         };
-        let (rank, world) = (t.rank(), t.world_size());
-        let local_rank = gradwire_transport::env::local_rank_from(get)
-            .filter(|&r| r < local_size)
-            .unwrap_or(rank % local_size.max(1));
-        Ok(Runtime {
-            rank,
-            world,
-            local_rank,
-            local_size,
-            transport: if launched.is_some() || world > 1 {
-                kind.resolve().name().to_string()
-            } else {
-                "local".to_string()
-            },
-            state: Mutex::new(State::Idle(t)),
-        })
+        let name = if launched.is_some() || t.world_size() > 1 {
+            kind.resolve().name().to_string()
+        } else {
+            "local".to_string()
+        };
+        Ok(Runtime::with(t, local_size, name, None))
     }
 
     /// This rank.
     #[getter]
     fn rank(&self) -> usize {
-        self.rank
+        self.rank.load(Ordering::Relaxed)
     }
 
     /// Number of ranks.
     #[getter]
     fn size(&self) -> usize {
-        self.world
+        self.world.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process is a member of an elastic job (`gradwire launch --elastic`).
+    #[getter]
+    fn elastic(&self) -> bool {
+        self.membership().is_some()
+    }
+
+    /// The elastic job's current generation (0 when not elastic).
+    #[getter]
+    fn generation(&self) -> u64 {
+        self.membership().as_ref().map_or(0, Membership::generation)
+    }
+
+    /// Moves this rank to the elastic job's next world: drops the running engine without a
+    /// collective shutdown (a peer may be dead), asks the coordinator for the next world with
+    /// `commits` (the commit counters this rank holds) and `reached` (its newest), and joins
+    /// that world's mesh; the engine starts again with the next `start`. Returns
+    /// `(generation, rank, size, restore_step, survivors)`: ranks below `survivors` hold
+    /// the commit `restore_step`, the others are new.
+    fn reform(
+        &self,
+        py: Python<'_>,
+        commits: Vec<u64>,
+        reached: u64,
+    ) -> PyResult<(u64, usize, usize, Option<u64>, usize)> {
+        if !self.elastic() {
+            return Err(GradwireError::new_err(
+                "this process is not part of an elastic job (no GRADWIRE_ELASTIC)",
+            ));
+        }
+        let old = std::mem::replace(&mut *self.lock(), State::Closed("re-forming".into()));
+        // Dropping asks the engine to stop without waiting for the other ranks.
+        py.detach(move || drop(old));
+        let (world, t) = self.with_membership(py, |m| m.next(&commits, reached))?;
+        let (rank, size) = (world.rank as usize, world.world_size as usize);
+        self.rank.store(rank, Ordering::Relaxed);
+        self.world.store(size, Ordering::Relaxed);
+        *self.lock() = State::Idle(Box::new(t));
+        Ok((
+            world.generation,
+            rank,
+            size,
+            world.restore_step,
+            world.survivors as usize,
+        ))
+    }
+
+    /// Whether a process waits to join the elastic job (rank 0 asks at a commit).
+    fn pending(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_membership(py, Membership::pending)
+    }
+
+    /// Reports to the elastic coordinator that `generation` trains again since `unix_s`.
+    fn resumed(&self, py: Python<'_>, generation: u64, unix_s: f64) -> PyResult<()> {
+        self.with_membership(py, |m| m.resumed(generation, unix_s))
+    }
+
+    /// Tells the elastic coordinator that this member finished.
+    fn done(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_membership(py, Membership::done)
     }
 
     /// This rank's position among the job's ranks on its host.
@@ -324,10 +446,10 @@ impl Runtime {
         numel: usize,
         root: usize,
     ) -> PyResult<Handle> {
-        if root >= self.world {
+        let world = self.world.load(Ordering::Relaxed);
+        if root >= world {
             return Err(PyValueError::new_err(format!(
-                "root rank {root} is out of range for {} ranks",
-                self.world
+                "root rank {root} is out of range for {world} ranks"
             )));
         }
         let engine = self.engine(py)?;
