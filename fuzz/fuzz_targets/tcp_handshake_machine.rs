@@ -15,7 +15,7 @@
 //! genuine confirm made with its token; after the handshake ends (either way) every further
 //! message is refused; an honest pair completes exactly when the tokens are equal.
 use gradwire_transport::tcp::auth::{
-    accept_mac, connect_mac, job_digest, Acceptor, Initiator, Refusal, Rejection,
+    accept_mac, connect_mac, job_digest, Acceptor, Initiator, NotTaken, Refusal, Rejection,
 };
 use gradwire_transport::tcp::frame::{
     Challenge, Confirm, Hello, HelloKind, Proof, CHALLENGE_LEN, HELLO_LEN, PROOF_LEN,
@@ -75,7 +75,7 @@ fuzz_target!(|data: &[u8]| {
     let refuse = flags & 1 != 0;
     let check = |_: &Hello| {
         if refuse {
-            Err("no".to_string())
+            Err(NotTaken::OtherJob)
         } else {
             Ok(())
         }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gradwire_transport::tcp::service::ServiceGate;
+use gradwire_transport::tcp::service::{IdentityRefusal, ServiceGate};
 
 use crate::auth::{may_listen, token_from_env, Peer, SERVICE_ID};
 use crate::shard::{Shard, ShardConfig};
@@ -190,11 +190,11 @@ fn accept_loop(listener: &TcpListener, shard: &Arc<Shard>, stop: &AtomicBool, cf
         let admitted = gate.next(Instant::now() + STOP_POLL, |i| {
             match Peer::from_identity(i) {
                 Some(p) if p.worker.0 < num_workers => Ok(()),
-                Some(p) => Err(format!(
-                    "worker {} is not below the shard's worker count {num_workers}",
-                    p.worker.0
-                )),
-                None => Err(format!("unknown role {}", i.role)),
+                Some(p) => Err(IdentityRefusal::Id {
+                    id: p.worker.0,
+                    count: num_workers,
+                }),
+                None => Err(IdentityRefusal::Role { role: i.role }),
             }
         });
         let conn = match admitted {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gradwire_transport::tcp::service::ServiceGate;
+use gradwire_transport::tcp::service::{IdentityRefusal, ServiceGate};
 
 use super::message::{decode_request, read_frame, MembershipEvent};
 use super::state::{Conn, ConnId, Out, State};
@@ -305,7 +305,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, stop: &AtomicBool) 
             if i.role == ROLE_MEMBER {
                 Ok(())
             } else {
-                Err(format!("role {} is not a member", i.role))
+                Err(IdentityRefusal::Role { role: i.role })
             }
         });
         let conn = match admitted {

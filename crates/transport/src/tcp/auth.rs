@@ -36,9 +36,10 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use super::frame::{
-    Challenge, Confirm, FrameError, Hello, Proof, CHALLENGE_LEN, CONFIRM_LEN, HELLO_LEN, JOB_LEN,
-    MAC_LEN, NONCE_LEN, PROOF_LEN,
+    Challenge, Confirm, FrameError, Hello, HelloKind, Proof, CHALLENGE_LEN, CONFIRM_LEN, HELLO_LEN,
+    JOB_LEN, MAC_LEN, NONCE_LEN, PROOF_LEN,
 };
+use super::service::IdentityRefusal;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -146,7 +147,7 @@ pub enum Refusal {
     /// The hello decodes but is not one this side takes (another job, world size or kind,
     /// a rank that may not connect here or is connected already).
     #[error("{0}")]
-    NotWanted(String),
+    NotWanted(NotTaken),
     /// The proof does not decode.
     #[error("malformed proof ({0:?})")]
     MalformedProof(FrameError),
@@ -156,6 +157,46 @@ pub enum Refusal {
     /// A message after the handshake ended, or out of turn.
     #[error("handshake message out of order")]
     OutOfOrder,
+}
+
+/// Why the accepting side's check does not take a hello that decodes: what the checks
+/// passed to [`Acceptor::on_hello`] and [`Acceptor::on_proof`] return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotTaken {
+    /// Another kind of hello than this side expects.
+    #[error("unexpected handshake kind {0:?}")]
+    Kind(HelloKind),
+    /// A rank of another job (its job digest differs).
+    #[error("a rank of another job (its job identity differs)")]
+    OtherJob,
+    /// A rank of another mesh (its job or mesh digest differs).
+    #[error("a rank of another mesh (its job or mesh identity differs)")]
+    OtherMesh,
+    /// A rank of a world of another size.
+    #[error("world size {got} differs from ours ({ours})")]
+    WorldSize {
+        /// The world size the hello announces.
+        got: u32,
+        /// Ours.
+        ours: usize,
+    },
+    /// A rank that may not connect to this one (not above it, or outside the world).
+    #[error("rank {rank} may not connect to rank {ours}")]
+    Rank {
+        /// The rank the hello announces.
+        rank: u32,
+        /// Ours.
+        ours: usize,
+    },
+    /// A rank that is connected already.
+    #[error("rank {0} is already connected")]
+    Connected(u32),
+    /// Not a service client's hello (at a service's gate).
+    #[error("not a service hello")]
+    NotService,
+    /// A service client whose identity the service does not take.
+    #[error(transparent)]
+    Identity(#[from] IdentityRefusal),
 }
 
 /// Why the connecting side rejects the other end.
@@ -215,7 +256,7 @@ impl Acceptor {
         &mut self,
         bytes: &[u8],
         nonce: [u8; NONCE_LEN],
-        check: impl FnOnce(&Hello) -> Result<(), String>,
+        check: impl FnOnce(&Hello) -> Result<(), NotTaken>,
     ) -> Result<[u8; CHALLENGE_LEN], Refusal> {
         let AcceptState::Hello = self.state else {
             self.state = AcceptState::Over;
@@ -242,7 +283,7 @@ impl Acceptor {
         &mut self,
         bytes: &[u8],
         token: &[u8],
-        check: impl FnOnce(&Hello) -> Result<(), String>,
+        check: impl FnOnce(&Hello) -> Result<(), NotTaken>,
     ) -> Result<(Hello, [u8; CONFIRM_LEN]), Refusal> {
         let AcceptState::Proof { hello, challenge } =
             std::mem::replace(&mut self.state, AcceptState::Over)
@@ -439,10 +480,10 @@ mod tests {
         let mut a = Acceptor::new(0);
         let e = a
             .on_hello(&hello("old").encode(), [0; NONCE_LEN], |_| {
-                Err("another job".into())
+                Err(NotTaken::OtherJob)
             })
             .unwrap_err();
-        assert_eq!(e, Refusal::NotWanted("another job".into()));
+        assert_eq!(e, Refusal::NotWanted(NotTaken::OtherJob));
         // A proof before any hello.
         let mut a = Acceptor::new(0);
         assert_eq!(
@@ -462,7 +503,7 @@ mod tests {
         );
         // The re-check after the proof still refuses.
         assert!(matches!(
-            a.on_proof(&proof, b"t", |_| Err("taken".into())),
+            a.on_proof(&proof, b"t", |_| Err(NotTaken::Connected(2))),
             Err(Refusal::NotWanted(_))
         ));
         // The initiator: another rank, a malformed confirm, a proof reflected as a confirm.

@@ -25,7 +25,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::auth::{Acceptor, Initiator, Refusal};
+use super::auth::{Acceptor, Initiator, NotTaken, Refusal};
 use super::frame::{Hello, CHALLENGE_LEN, CONFIRM_LEN, HELLO_LEN, PROOF_LEN};
 use super::refusals::RefusalLog;
 use super::sys::{poll, read_exact_before, remaining};
@@ -225,7 +225,7 @@ impl<'a> Gate<'a> {
     pub fn next(
         &mut self,
         deadline: Instant,
-        check: impl Fn(&Hello) -> Result<(), String>,
+        check: impl Fn(&Hello) -> Result<(), NotTaken>,
     ) -> io::Result<Option<Admitted>> {
         loop {
             let accepting = self.paused_until.is_none_or(|t| Instant::now() >= t);
@@ -294,7 +294,7 @@ impl<'a> Gate<'a> {
     /// Accepts the connections waiting on the listener (at most [`MAX_PENDING`] per call, so
     /// a steady flood cannot keep the gate from the connections it has), reading each at
     /// once as far as its challenge.
-    fn accept_some(&mut self, check: &impl Fn(&Hello) -> Result<(), String>) -> io::Result<()> {
+    fn accept_some(&mut self, check: &impl Fn(&Hello) -> Result<(), NotTaken>) -> io::Result<()> {
         for _ in 0..MAX_PENDING {
             let (stream, from) = match self.listener.accept() {
                 Ok(c) => c,
@@ -429,7 +429,7 @@ fn send(stream: &mut TcpStream, msg: &[u8]) -> Result<(), Dropped> {
 /// Reads the hello if it has arrived and, when it is taken, sends the challenge.
 fn read_hello(
     p: &mut Pending,
-    check: &impl Fn(&Hello) -> Result<(), String>,
+    check: &impl Fn(&Hello) -> Result<(), NotTaken>,
 ) -> Result<(), Dropped> {
     let Stage::Hello { got, buf } = &mut p.stage else {
         return Ok(());
@@ -454,7 +454,7 @@ fn read_hello(
 fn advance(
     p: &mut Pending,
     token: &[u8],
-    check: &impl Fn(&Hello) -> Result<(), String>,
+    check: &impl Fn(&Hello) -> Result<(), NotTaken>,
 ) -> Advance {
     if let Err(why) = read_hello(p, check) {
         return Advance::Drop(why);

@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::auth::{job_digest, join_digest};
+use super::auth::{job_digest, join_digest, NotTaken};
 use super::frame::{
     decode_mesh, decode_table, encode_mesh, encode_table, table_len, Hello, HelloKind, JOB_LEN,
     MESH_LEN, NONCE_LEN,
@@ -207,28 +207,31 @@ fn check_hello(
     want: HelloKind,
     job: &[u8; JOB_LEN],
     peers: &[Option<TcpStream>],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), NotTaken> {
     if h.kind != want {
-        return Err(format!("unexpected handshake kind {:?}", h.kind));
+        return Err(NotTaken::Kind(h.kind));
     }
     if h.job != *job {
         return Err(match want {
-            HelloKind::Hello => "a rank of another job (its job identity differs)".into(),
-            HelloKind::Join => "a rank of another mesh (its job or mesh identity differs)".into(),
+            HelloKind::Hello => NotTaken::OtherJob,
+            HelloKind::Join => NotTaken::OtherMesh,
         });
     }
     if h.world_size as usize != cfg.world_size {
-        return Err(format!(
-            "world size {} differs from ours ({})",
-            h.world_size, cfg.world_size
-        ));
+        return Err(NotTaken::WorldSize {
+            got: h.world_size,
+            ours: cfg.world_size,
+        });
     }
     let r = h.rank as usize;
     if r <= cfg.rank || r >= cfg.world_size {
-        return Err(format!("rank {r} may not connect to rank {}", cfg.rank));
+        return Err(NotTaken::Rank {
+            rank: h.rank,
+            ours: cfg.rank,
+        });
     }
     if peers[r].is_some() {
-        return Err(format!("rank {r} is already connected"));
+        return Err(NotTaken::Connected(h.rank));
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::auth::NotTaken;
 use super::frame::{Hello, HelloKind, CHALLENGE_LEN, CONFIRM_LEN, HELLO_LEN, JOB_LEN, PROOF_LEN};
 use super::handshake::{self, ConnectFailure, Gate};
 
@@ -36,6 +37,26 @@ pub struct Identity {
     pub id: u32,
     /// The client's role, as the service defines it.
     pub role: u16,
+}
+
+/// Why a service does not take a client's identity: what the check passed to
+/// [`ServiceGate::next`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityRefusal {
+    /// A role the service does not take.
+    #[error("role {role} is not one this service takes")]
+    Role {
+        /// The role the client announced.
+        role: u16,
+    },
+    /// An id the service has no place for: not below its count of clients.
+    #[error("client {id} is not below the service's client count {count}")]
+    Id {
+        /// The id the client announced.
+        id: u32,
+        /// The service's count of clients.
+        count: u32,
+    },
 }
 
 /// Why a service client's handshake failed.
@@ -117,7 +138,7 @@ impl<'a> ServiceGate<'a> {
     pub fn next(
         &mut self,
         deadline: Instant,
-        check: impl Fn(Identity) -> Result<(), String>,
+        check: impl Fn(Identity) -> Result<(), IdentityRefusal>,
     ) -> io::Result<Option<ServiceConn>> {
         let identity = |h: &Hello| Identity {
             id: h.rank,
@@ -125,9 +146,9 @@ impl<'a> ServiceGate<'a> {
         };
         let admitted = self.gate.next(deadline, |h| {
             if h.kind != HelloKind::Hello || h.world_size != SERVICE_WORLD {
-                return Err("not a service hello".into());
+                return Err(NotTaken::NotService);
             }
-            check(identity(h))
+            check(identity(h)).map_err(NotTaken::Identity)
         })?;
         Ok(admitted.map(|a| ServiceConn {
             identity: identity(&a.hello),
@@ -143,7 +164,7 @@ mod tests {
 
     fn serve_one(
         token: &'static [u8],
-        check: impl Fn(Identity) -> Result<(), String> + Send + 'static,
+        check: impl Fn(Identity) -> Result<(), IdentityRefusal> + Send + 'static,
     ) -> (SocketAddr, std::thread::JoinHandle<Option<Identity>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -194,7 +215,7 @@ mod tests {
             if i.id < 2 {
                 Ok(())
             } else {
-                Err("no such worker".into())
+                Err(IdentityRefusal::Id { id: i.id, count: 2 })
             }
         });
         let mut s = TcpStream::connect(addr).unwrap();
