@@ -19,8 +19,6 @@ mod plot_timeline;
 mod ps;
 mod records;
 mod report;
-mod report_render;
-mod report_tta;
 mod simulate;
 mod simulate_host;
 mod size;

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 
+use gradwire_run::report::tta::human_bits;
+
 use crate::records::{common_metric, Metric, RunRecord};
 
-/// File name of the comparison chart that `report` writes beside its Markdown.
-pub const COMPARISON_PNG: &str = "comparison.png";
-
-/// File name of a report's time-to-accuracy chart across link speeds.
-pub const TIME_TO_ACCURACY_PNG: &str = "time-to-accuracy.png";
+/// The byte counts of charts and progress lines (`crate::plot::human_bytes` for the CLI's
+/// modules), and the file names of the charts a report links to.
+pub use gradwire_run::report::render::{human_bytes, COMPARISON_PNG, TIME_TO_ACCURACY_PNG};
 
 /// Pixel size of every chart.
 const SIZE: (u32, u32) = (900, 600);
@@ -302,7 +302,7 @@ fn draw_chart(path: &Path, spec: &ChartSpec<'_>, series: &[Series]) -> Result<()
         XAxis::Epoch => format!("{v:.0}"),
         XAxis::Bytes { log: true } => human_bytes(10f64.powf(*v)),
         XAxis::Bytes { log: false } => human_bytes(*v),
-        XAxis::Bits => crate::report_tta::human_bits(10f64.powf(*v)),
+        XAxis::Bits => human_bits(10f64.powf(*v)),
     };
     let x_labels = match spec.x {
         // One tick per whole epoch when there are few, so no fractional epochs appear.
@@ -365,26 +365,10 @@ fn padded_range(vals: impl Iterator<Item = f64>, min_pad: f64) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// A byte count in decimal units with three significant figures (`1.25 MB`).
-pub fn human_bytes(b: f64) -> String {
-    let (v, unit) = [(1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")]
-        .into_iter()
-        .find(|&(s, _)| b.abs() >= s)
-        .map_or((b, "B"), |(s, u)| (b / s, u));
-    let digits = if v.abs() >= 100.0 || unit == "B" {
-        0
-    } else if v.abs() >= 10.0 {
-        1
-    } else {
-        2
-    };
-    format!("{v:.digits$} {unit}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::tests::{sample_run, scratch_dir};
+    use gradwire_run::report::records::testing::{sample_run, scratch_dir};
 
     #[test]
     fn chart_labels_keep_the_compression_setting() {

@@ -4,14 +4,21 @@
 //! of quality against bytes per step. With `--link`, the matrix runs once per emulated link
 //! speed and the report adds time to accuracy against link speed, with the speed above which
 //! dense wins, and its chart.
+//!
+//! The command alone is here: its arguments, the `gradwire train` processes, the files and
+//! the charts. The matrix of runs, the records, time to accuracy and the Markdown are
+//! `gradwire_run::report`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::records::RunRecord;
+pub use gradwire_run::report::matrix::split_codecs;
+use gradwire_run::report::matrix::{finished_run, plan_jobs, preset, Variant, MC_ONLY, RUN_JSON};
+use gradwire_run::report::records::{read_run, RunRecord};
+use gradwire_run::report::render::{render_markdown, COMPARISON_PNG, TIME_TO_ACCURACY_PNG};
 
 /// Arguments of `gradwire report`.
 #[derive(Args, Debug)]
@@ -87,116 +94,6 @@ pub struct ReportArgs {
     /// Further `gradwire train` arguments for every run (e.g. `--max-steps 200 --lr 0.05`).
     #[arg(last = true)]
     train_args: Vec<String>,
-}
-
-/// One row kind of the report.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    /// The codec with its paper's defaults.
-    Paper,
-    /// The codec with `--momentum-correction on`.
-    Mc,
-}
-
-/// One training run of the matrix: a codec, a row kind and a seed.
-#[derive(Debug, PartialEq)]
-struct Job {
-    spec: String,
-    variant: Variant,
-    seed: Option<u64>,
-    /// train's `--link`, if the run is over an emulated link.
-    link: Option<String>,
-    dir: PathBuf,
-}
-
-/// The runs of the matrix, link-major, then seed-major (each seed runs every codec in the
-/// order given before the next seed starts, so that runs compared in time sit close
-/// together on a machine whose speed drifts), then codec-major; `mc` rows are skipped
-/// where momentum correction is not an option distinct from the paper's algorithm.
-/// Without links the runs sit directly in `out`; with links each has its own
-/// `out/link-<spec>` (`none`: no emulation).
-fn plan_jobs(
-    codecs: &[String],
-    variants: &[Variant],
-    seeds: &[u64],
-    links: &[String],
-    out: &std::path::Path,
-) -> Vec<Job> {
-    if links.is_empty() {
-        return plan_link(codecs, variants, seeds, None, out);
-    }
-    let mut jobs = Vec::new();
-    for link in links {
-        let dir = out.join(format!("link-{}", sanitize(link)));
-        let link = (!link.eq_ignore_ascii_case("none")).then(|| link.clone());
-        jobs.extend(plan_link(codecs, variants, seeds, link, &dir));
-    }
-    jobs
-}
-
-/// The runs of one link.
-fn plan_link(
-    codecs: &[String],
-    variants: &[Variant],
-    seeds: &[u64],
-    link: Option<String>,
-    out: &std::path::Path,
-) -> Vec<Job> {
-    let seeds: Vec<Option<u64>> = if seeds.is_empty() {
-        vec![None]
-    } else {
-        seeds.iter().copied().map(Some).collect()
-    };
-    let mut jobs = Vec::new();
-    for &seed in &seeds {
-        for name in codecs {
-            // `SPEC+mc` runs only the momentum-corrected row of SPEC, whatever `variants` says.
-            let (name, only) = match name.strip_suffix(MC_ONLY) {
-                Some(n) => (n, Some(Variant::Mc)),
-                None => (name.as_str(), None),
-            };
-            let family = name.split(':').next().unwrap_or_default();
-            let rows: &[Variant] = match &only {
-                Some(v) => std::slice::from_ref(v),
-                None => variants,
-            };
-            for &variant in rows {
-                if variant == Variant::Mc && matches!(family, "none" | "dgc" | "auto") {
-                    continue;
-                }
-                let dir = match variant {
-                    Variant::Mc => out.join(format!("{}+mc", sanitize(name))),
-                    Variant::Paper => out.join(sanitize(name)),
-                };
-                let dir = match seed {
-                    Some(s) => dir.join(format!("seed-{s}")),
-                    None => dir,
-                };
-                jobs.push(Job {
-                    spec: name.to_string(),
-                    variant,
-                    seed,
-                    link: link.clone(),
-                    dir,
-                });
-            }
-        }
-    }
-    jobs
-}
-
-/// The suffix of a `--codecs` entry that runs only its momentum-corrected row.
-const MC_ONLY: &str = "+mc";
-
-/// The spec a bare codec name stands for in a report.
-pub fn preset(name: &str) -> String {
-    match name.trim() {
-        "topk" => "topk:ratio=0.01".into(),
-        "qsgd" => "qsgd:bits=4".into(),
-        "dgc" => "dgc:ratio=0.001".into(),
-        "threshold" => "threshold:tau=0.005".into(),
-        other => other.into(),
-    }
 }
 
 /// Runs the matrix and writes the report.
@@ -309,10 +206,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         if !status.success() {
             bail!("training {label} failed ({status})");
         }
-        let run: RunRecord = serde_json::from_str(
-            &std::fs::read_to_string(job.dir.join("run.json"))
-                .with_context(|| format!("reading {}/run.json", job.dir.display()))?,
-        )?;
+        let run = read_run(&job.dir.join(RUN_JSON))?;
         runs.push(run);
         dirs.push(job.dir.clone());
     }
@@ -324,12 +218,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     let command = command.replacen(&exe.display().to_string(), "gradwire", 1);
-    let mut md = crate::report_render::render_markdown(&runs, &baseline, &command, args.target);
+    let mut md = render_markdown(&runs, &baseline, &command, args.target);
     md.push_str(&timeline_section(&runs, &dirs, &args.out));
     let md_path = args.out.join("report.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-    if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(crate::plot::COMPARISON_PNG))
-    {
+    if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(COMPARISON_PNG)) {
         eprintln!("gradwire report: warning: comparison chart not drawn ({e:#})");
     }
     if !args.links.is_empty() {
@@ -353,53 +246,13 @@ fn time_to_accuracy_chart(
     runs: &[RunRecord],
     baseline: &str,
     target: Option<f64>,
-    out: &std::path::Path,
+    out: &Path,
 ) -> Result<()> {
-    use crate::report_render::link_bits;
-    use crate::report_tta::{GroupTime, Target};
-    let metric = crate::records::common_metric(runs);
-    let base = crate::report_render::baseline_runs(runs, baseline);
-    let Some(target) = Target::choose(metric, &base, target) else {
+    let Some((target, series)) = gradwire_run::report::tta::time_series(runs, baseline, target)
+    else {
         bail!("no baseline run and no --target, so no target to time");
     };
-    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    let mut keys: Vec<(String, Option<u64>)> = Vec::new();
-    for r in runs {
-        let key = (r.codec.clone(), r.momentum_correction.map(f64::to_bits));
-        if !keys.contains(&key) {
-            keys.push(key);
-        }
-    }
-    for (codec, mc) in keys {
-        let mut points = Vec::new();
-        for link in crate::report_render::links_of(runs) {
-            let Some(bits) = link_bits(link.as_deref()) else {
-                continue;
-            };
-            let mine: Vec<&RunRecord> = runs
-                .iter()
-                .filter(|r| {
-                    r.link == link
-                        && r.codec == codec
-                        && r.momentum_correction.map(f64::to_bits) == mc
-                })
-                .collect();
-            if let Some(t) = GroupTime::of(&mine, &target).mean_s {
-                points.push((bits as f64, t));
-            }
-        }
-        let name = if mc.is_some() {
-            format!("{codec} +mc")
-        } else {
-            codec
-        };
-        series.push((name, points));
-    }
-    crate::plot::plot_time_to_accuracy(
-        series,
-        &target.label(),
-        &out.join(crate::plot::TIME_TO_ACCURACY_PNG),
-    )
+    crate::plot::plot_time_to_accuracy(series, &target.label(), &out.join(TIME_TO_ACCURACY_PNG))
 }
 
 /// Where a run's merged timeline is, in its directory (`--timeline`).
@@ -407,7 +260,7 @@ const TIMELINE_JSON: &str = "timeline.json";
 
 /// One step of each run's timeline, for report.md: drawn (`timeline.png` next to
 /// `timeline.json`) where a run has a timeline and no drawing yet; empty when no run has one.
-fn timeline_section(runs: &[RunRecord], dirs: &[PathBuf], out_dir: &std::path::Path) -> String {
+fn timeline_section(runs: &[RunRecord], dirs: &[PathBuf], out_dir: &Path) -> String {
     let mut out = String::new();
     for (run, dir) in runs.iter().zip(dirs) {
         let json = dir.join(TIMELINE_JSON);
@@ -442,146 +295,10 @@ fn timeline_section(runs: &[RunRecord], dirs: &[PathBuf], out_dir: &std::path::P
     out
 }
 
-/// The run recorded in `dir`, if it finished all `epochs`.
-fn finished_run(dir: &std::path::Path, epochs: usize) -> Option<RunRecord> {
-    let text = std::fs::read_to_string(dir.join("run.json")).ok()?;
-    let run: RunRecord = serde_json::from_str(&text).ok()?;
-    (run.epochs.len() == epochs).then_some(run)
-}
-
-/// Splits a comma-separated codec list in which specs may carry their own `key=value`
-/// parameters: a piece with `=` but no `:` continues the spec before it.
-pub fn split_codecs(list: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for piece in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match out.last_mut() {
-            Some(prev) if piece.contains('=') && !piece.contains(':') => {
-                prev.push(',');
-                prev.push_str(piece);
-            }
-            _ => out.push(piece.to_string()),
-        }
-    }
-    out
-}
-
-fn sanitize(spec: &str) -> String {
-    spec.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::tests::{sample_run, scratch_dir};
-
-    #[test]
-    fn the_matrix_skips_mc_rows_that_equal_the_paper_and_nests_seeds() {
-        let codecs: Vec<String> = ["none", "dgc:ratio=0.001", "qsgd:bits=4"]
-            .iter()
-            .map(|c| {
-                c.parse::<gradwire_codec::CodecConfig>()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect();
-        let out = std::path::Path::new("o");
-        let jobs = plan_jobs(&codecs, &[Variant::Paper, Variant::Mc], &[1, 2], &[], out);
-        let got: Vec<(String, Variant, Option<u64>)> = jobs
-            .iter()
-            .map(|j| (j.spec.clone(), j.variant, j.seed))
-            .collect();
-        let qsgd = codecs[2].clone();
-        let dgc = codecs[1].clone();
-        // Seed-major: every codec of seed 1, then every codec of seed 2.
-        let want = vec![
-            ("none".to_string(), Variant::Paper, Some(1)),
-            (dgc.clone(), Variant::Paper, Some(1)),
-            (qsgd.clone(), Variant::Paper, Some(1)),
-            (qsgd.clone(), Variant::Mc, Some(1)),
-            ("none".to_string(), Variant::Paper, Some(2)),
-            (dgc, Variant::Paper, Some(2)),
-            (qsgd.clone(), Variant::Paper, Some(2)),
-            (qsgd, Variant::Mc, Some(2)),
-        ];
-        assert_eq!(got, want);
-        // Every run has its own directory.
-        let mut dirs: Vec<_> = jobs.iter().map(|j| j.dir.clone()).collect();
-        dirs.sort();
-        dirs.dedup();
-        assert_eq!(dirs.len(), jobs.len());
-        let qsgd_mc = out.join(format!("{}+mc", sanitize(&codecs[2])));
-        assert_eq!(jobs[3].dir, qsgd_mc.join("seed-1"));
-        // Without seeds: one run per row, in the row's directory.
-        let single = plan_jobs(&codecs[..1], &[Variant::Paper], &[], &[], out);
-        assert_eq!(single.len(), 1);
-        assert_eq!(single[0].seed, None);
-        assert_eq!(single[0].dir, out.join("none"));
-        // `auto` gets no momentum-correction row.
-        let auto = plan_jobs(
-            &["auto".to_string()],
-            &[Variant::Paper, Variant::Mc],
-            &[],
-            &[],
-            out,
-        );
-        assert_eq!(auto.len(), 1);
-        assert_eq!(auto[0].spec, "auto");
-        // `SPEC+mc`: only the momentum-corrected row of SPEC, whatever the variants; the
-        // other codecs keep theirs.
-        let mc_only = format!("{qsgd}+mc", qsgd = codecs[2]);
-        let rows = plan_jobs(
-            &[codecs[0].clone(), codecs[2].clone(), mc_only],
-            &[Variant::Paper],
-            &[],
-            &[],
-            out,
-        );
-        let got: Vec<(&str, Variant, &std::path::Path)> = rows
-            .iter()
-            .map(|j| (j.spec.as_str(), j.variant, j.dir.as_path()))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("none", Variant::Paper, out.join("none").as_path()),
-                (
-                    codecs[2].as_str(),
-                    Variant::Paper,
-                    out.join(sanitize(&codecs[2])).as_path()
-                ),
-                (codecs[2].as_str(), Variant::Mc, qsgd_mc.as_path()),
-            ]
-        );
-        // With links: the whole matrix once per link, each in its own directory; `none`
-        // runs without emulation.
-        let links = ["100mbit".to_string(), "none".to_string()];
-        let by_link = plan_jobs(&codecs[..2], &[Variant::Paper], &[], &links, out);
-        let got: Vec<(Option<&str>, &std::path::Path)> = by_link
-            .iter()
-            .map(|j| (j.link.as_deref(), j.dir.as_path()))
-            .collect();
-        let dgc_dir = sanitize(&codecs[1]);
-        assert_eq!(
-            got,
-            vec![
-                (Some("100mbit"), out.join("link-100mbit/none").as_path()),
-                (
-                    Some("100mbit"),
-                    out.join("link-100mbit").join(&dgc_dir).as_path()
-                ),
-                (None, out.join("link-none/none").as_path()),
-                (None, out.join("link-none").join(&dgc_dir).as_path()),
-            ]
-        );
-    }
+    use gradwire_run::report::records::testing::{sample_run, scratch_dir};
 
     #[test]
     fn a_run_with_a_timeline_gets_its_step_drawn_and_shown() {
@@ -614,32 +331,5 @@ mod tests {
         assert!(md.contains("](none/timeline.png)"), "{md}");
         assert!(!md.contains("topk/timeline.png"), "{md}");
         assert_eq!(timeline_section(&runs[1..], &[without], &out), "");
-    }
-
-    #[test]
-    fn resume_keeps_only_finished_runs() {
-        let dir = scratch_dir("resume");
-        assert!(finished_run(&dir, 3).is_none(), "no run.json yet");
-        let run = sample_run("topk:ratio=0.01", &[0.5, 0.6, 0.7], 1000);
-        std::fs::write(dir.join("run.json"), serde_json::to_string(&run).unwrap()).unwrap();
-        assert_eq!(finished_run(&dir, 3).map(|r| r.epochs.len()), Some(3));
-        assert!(finished_run(&dir, 5).is_none(), "a shorter run is redone");
-        std::fs::write(dir.join("run.json"), "{ truncated").unwrap();
-        assert!(
-            finished_run(&dir, 3).is_none(),
-            "a broken run.json is redone"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn codec_lists_keep_their_parameters() {
-        assert_eq!(
-            split_codecs("none, topk:ratio=0.01,qsgd:bits=4,bucket=512,dgc"),
-            vec!["none", "topk:ratio=0.01", "qsgd:bits=4,bucket=512", "dgc"]
-        );
-        assert!(split_codecs(" , ").is_empty());
-        assert_eq!(preset("qsgd"), "qsgd:bits=4");
-        assert_eq!(preset("qsgd:bits=2"), "qsgd:bits=2");
     }
 }

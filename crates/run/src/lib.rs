@@ -7,6 +7,8 @@
 //! - [`join`]: which launcher started this process (gradwire launch, torchrun, mpirun, srun,
 //!   MPICH), read from its environment, and the transport (`tcp`, `shm`, `mpi`) that joins the
 //!   job;
+//! - [`report`]: the records a run writes (`run.json`, `metrics.jsonl`) and the report that
+//!   compares runs: the matrix of runs, time to accuracy, the Markdown tables;
 //! - [`rules`]: the training rules between a codec and the optimizer: DGC owns the momentum
 //!   (momentum correction), `--momentum-correction on` moves it into the sync for any codec,
 //!   and where gradient clipping happens.
@@ -14,6 +16,7 @@
 
 pub mod elastic;
 pub mod join;
+pub mod report;
 pub mod rules;
 
 pub use join::{detect, join_from_env, join_with, JoinError, Launched, TransportKind};

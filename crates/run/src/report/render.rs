@@ -1,10 +1,33 @@
 //! Markdown report of several runs, in the style of the DGC / QSGD / TernGrad result tables.
+//! The charts it links to ([`COMPARISON_PNG`], [`TIME_TO_ACCURACY_PNG`]) are drawn by the
+//! front end beside the Markdown file.
 
 use std::fmt::Write;
 
-use crate::plot::{human_bytes, COMPARISON_PNG, TIME_TO_ACCURACY_PNG};
-use crate::records::{common_metric, Metric, RunRecord};
-use crate::report_tta::{human_bits, speedup_cell, GroupTime, SpeedupCurve, Target};
+use super::records::{common_metric, Metric, RunRecord};
+use super::tta::{human_bits, speedup_cell, GroupTime, SpeedupCurve, Target};
+
+/// File name of the comparison chart that `report` writes beside its Markdown.
+pub const COMPARISON_PNG: &str = "comparison.png";
+
+/// File name of a report's time-to-accuracy chart across link speeds.
+pub const TIME_TO_ACCURACY_PNG: &str = "time-to-accuracy.png";
+
+/// A byte count in decimal units with three significant figures (`1.25 MB`).
+pub fn human_bytes(b: f64) -> String {
+    let (v, unit) = [(1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")]
+        .into_iter()
+        .find(|&(s, _)| b.abs() >= s)
+        .map_or((b, "B"), |(s, u)| (b / s, u));
+    let digits = if v.abs() >= 100.0 || unit == "B" {
+        0
+    } else if v.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$} {unit}")
+}
 
 /// One table row: the runs of one codec with one momentum setting (one per seed).
 struct Row<'a> {
@@ -153,7 +176,7 @@ pub fn render_markdown(
 }
 
 /// The runs of the baseline codec: without momentum correction where such runs exist.
-pub(crate) fn baseline_runs<'a>(runs: &'a [RunRecord], baseline_codec: &str) -> Vec<&'a RunRecord> {
+pub fn baseline_runs<'a>(runs: &'a [RunRecord], baseline_codec: &str) -> Vec<&'a RunRecord> {
     let all: Vec<&RunRecord> = runs.iter().filter(|r| r.codec == baseline_codec).collect();
     let plain: Vec<&RunRecord> = all
         .iter()
@@ -383,8 +406,8 @@ fn escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::records::testing::sample_run;
     use super::*;
-    use crate::records::tests::sample_run;
 
     #[test]
     fn accuracy_table_numbers() {

@@ -7,7 +7,8 @@
 //! count against a codec. The target is checked at the end of each epoch; `--max-steps`
 //! makes epochs shorter for a finer grain.
 
-use crate::records::{Metric, RunRecord};
+use super::records::{Metric, RunRecord};
+use super::render::{baseline_runs, link_bits, links_of};
 
 /// Accuracy points under the baseline's final accuracy that the default target allows.
 pub const ACCURACY_SLACK_POINTS: f64 = 0.5;
@@ -241,10 +242,62 @@ impl Crossover {
     }
 }
 
+/// One line of the time-to-accuracy chart: a codec row's name and its points (bits per
+/// second, training seconds to the target).
+pub type TimeSeries = (String, Vec<(f64, f64)>);
+
+/// The data of the time-to-accuracy chart: per codec row (codec and momentum setting, in
+/// first-seen order), training time to the target against the emulated link speed; runs
+/// without emulation and runs that missed the target are left out. `None` when there is
+/// no target: no `given` one and no baseline run.
+pub fn time_series(
+    runs: &[RunRecord],
+    baseline: &str,
+    given: Option<f64>,
+) -> Option<(Target, Vec<TimeSeries>)> {
+    let metric = super::records::common_metric(runs);
+    let base = baseline_runs(runs, baseline);
+    let target = Target::choose(metric, &base, given)?;
+    let mut series: Vec<TimeSeries> = Vec::new();
+    let mut keys: Vec<(String, Option<u64>)> = Vec::new();
+    for r in runs {
+        let key = (r.codec.clone(), r.momentum_correction.map(f64::to_bits));
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    for (codec, mc) in keys {
+        let mut points = Vec::new();
+        for link in links_of(runs) {
+            let Some(bits) = link_bits(link.as_deref()) else {
+                continue;
+            };
+            let mine: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| {
+                    r.link == link
+                        && r.codec == codec
+                        && r.momentum_correction.map(f64::to_bits) == mc
+                })
+                .collect();
+            if let Some(t) = GroupTime::of(&mine, &target).mean_s {
+                points.push((bits as f64, t));
+            }
+        }
+        let name = if mc.is_some() {
+            format!("{codec} +mc")
+        } else {
+            codec
+        };
+        series.push((name, points));
+    }
+    Some((target, series))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::records::testing::sample_run;
     use super::*;
-    use crate::records::tests::sample_run;
 
     fn with_times(mut run: RunRecord, wall: &[f64], eval: &[f64]) -> RunRecord {
         for ((e, &w), &v) in run.epochs.iter_mut().zip(wall).zip(eval) {
