@@ -13,8 +13,8 @@ use gradwire_run::report::tta::human_bits;
 use crate::records::{common_metric, Metric, RunRecord};
 
 /// The byte counts of charts and progress lines (`crate::plot::human_bytes` for the CLI's
-/// modules), and the file names of the charts a report links to.
-pub use gradwire_run::report::render::{human_bytes, COMPARISON_PNG, TIME_TO_ACCURACY_PNG};
+/// modules).
+pub use gradwire_run::report::render::human_bytes;
 
 /// Pixel size of every chart.
 const SIZE: (u32, u32) = (900, 600);
@@ -369,6 +369,7 @@ fn padded_range(vals: impl Iterator<Item = f64>, min_pad: f64) -> (f64, f64) {
 mod tests {
     use super::*;
     use gradwire_run::report::records::testing::{sample_run, scratch_dir};
+    use gradwire_run::report::render::{COMPARISON_PNG, TIME_TO_ACCURACY_PNG};
 
     #[test]
     fn chart_labels_keep_the_compression_setting() {
