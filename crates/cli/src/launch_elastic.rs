@@ -38,6 +38,10 @@ pub fn transport_timeout() -> Duration {
         .unwrap_or(gradwire_transport::DEFAULT_TIMEOUT)
 }
 
+/// What the coordinator waits beyond a transport deadline for a member of a broken world
+/// to report before it evicts it (and, short of MIN, for joiners).
+pub const EVICT_MARGIN: Duration = Duration::from_secs(5);
+
 /// An elastic job to launch.
 pub struct ElasticJob<'a> {
     /// The processes to start, `spec.np` of them.
@@ -58,8 +62,10 @@ pub fn run(job: &ElasticJob) -> Result<Vec<MembershipEvent>> {
     let token = format!("{:032x}", rand::random::<u128>());
     let id = format!("{:032x}", rand::random::<u128>());
     let mut cfg = CoordinatorConfig::new(job.min, job.max, job.spec.np, token.clone(), id.clone());
-    // Survivors wait up to a transport deadline on a stalled peer before they report.
-    cfg.timeout = transport_timeout() + Duration::from_secs(10);
+    // Once a world breaks, every live member learns it within a transport deadline (its own
+    // collective fails, or a peer's abort frame reaches it): one deadline and a margin for
+    // the step it may be computing, then the silent ones are evicted.
+    cfg.timeout = transport_timeout() + EVICT_MARGIN;
     let coord = Coordinator::start(cfg).context("starting the elastic coordinator")?;
     if let Some(path) = job.join_file {
         let file = JoinFile {

@@ -225,6 +225,10 @@ struct Kept {
     commits: VecDeque<Commit>,
     /// The last global step completed.
     reached: u64,
+    /// Commit points passed and their seconds on this rank (the copy, and the check for
+    /// joiners with the agreement on it).
+    commit_n: u64,
+    commit_s: f64,
 }
 
 impl Kept {
@@ -296,9 +300,12 @@ pub fn run_member(
     let mut kept = Kept {
         commits: VecDeque::new(),
         reached: 0,
+        commit_n: 0,
+        commit_s: 0.0,
     };
     // The longest a world may take to form: survivors awaited, then joiners awaited.
-    let wait = 3 * (transport_timeout() + Duration::from_secs(10)) + Duration::from_secs(120);
+    let wait =
+        3 * (transport_timeout() + crate::launch_elastic::EVICT_MARGIN) + Duration::from_secs(120);
     loop {
         let world = member
             .next_world(&kept.steps(), kept.reached, wait)
@@ -448,10 +455,13 @@ fn generation(
             match done? {
                 Some(stats) => break stats,
                 None => {
+                    let t0 = Instant::now();
                     kept.push(trainer.commit()?);
                     let ask = reporting && member.pending().context("asking for joiners")?;
                     let mut flag = [if ask { 1.0 } else { 0.0 }];
                     trainer.sync_mut().average_metrics(&mut flag)?;
+                    kept.commit_n += 1;
+                    kept.commit_s += t0.elapsed().as_secs_f64();
                     if flag[0] > 0.0 {
                         if let Some(b) = &bar {
                             b.finish_and_clear();
@@ -505,6 +515,13 @@ fn generation(
             .context("asking for the membership events")?;
         run.membership = Some(membership_json(&events));
         write_run(&run, &plan.out)?;
+        if kept.commit_n > 0 {
+            eprintln!(
+                "gradwire train: {} commit(s), {:.2} ms each on rank 0 (the copy in memory and the check for joiners)",
+                kept.commit_n,
+                kept.commit_s * 1e3 / kept.commit_n as f64
+            );
+        }
         eprintln!("gradwire train: wrote {}", plan.out.display());
     }
     let (_, sync) = trainer.into_parts();
