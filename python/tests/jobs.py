@@ -284,6 +284,107 @@ def api(out):
     os._exit(0)  # the mismatch stopped the engine: nothing to shut down
 
 
+# ---- elastic training (gradwire launch --elastic): a rank dies, the others go on, a joiner
+# is admitted
+
+
+def elastic_mlp(out, victim="2", at_commit="3", min_epochs="2"):
+    """Trains under ``gw.elastic.run``, committing every 2 steps; rank ``victim`` of
+    generation 0 kills itself after commit ``at_commit``. Trains at least ``min_epochs`` and
+    until the world has re-formed twice (lost, then joined). Appends ``generation size rank``
+    to ``log-PID.txt`` at every (re)start and writes its final parameters' hash to
+    ``final-PID.json``."""
+    import hashlib
+    import json
+    import signal
+
+    import gradwire.torch as gw
+
+    gw.init()
+    pid = os.getpid()
+    m = model()
+    opt = gw.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM),
+                                  named_parameters=m.named_parameters())
+    state = gw.elastic.TorchState(model=m, optimizer=opt, epoch=0, batch=0)
+    rt = gw._rt()
+    batches = 6
+
+    @gw.elastic.run
+    def train(state):
+        with open(os.path.join(out, f"log-{pid}.txt"), "a") as f:
+            f.write(f"{rt.generation} {gw.size()} {gw.rank()}\n")
+        for state.epoch in range(state.epoch, 1000):
+            for state.batch in range(state.batch, batches):
+                x, y = batch(gw.rank(), state.epoch * batches + state.batch)
+                opt.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                if (rt.generation == 0 and gw.rank() == int(victim)
+                        and state.commits == int(at_commit)):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                opt.step()
+                time.sleep(0.02)
+                if state.batch % 2 == 1:
+                    state.commit()
+            state.batch = 0
+            # The same on every rank of a world: they stop at the same epoch.
+            if state.epoch + 1 >= int(min_epochs) and rt.generation >= 2:
+                return state.epoch + 1
+
+    epochs = train(state)
+    digest = hashlib.sha256(bytes(flat(m).view(torch.uint8).tolist())).hexdigest()
+    with open(os.path.join(out, f"final-{pid}.json"), "w") as f:
+        json.dump({"hash": digest, "size": gw.size(), "rank": gw.rank(),
+                   "generation": rt.generation, "epochs": epochs}, f)
+
+
+def elastic_local(out):
+    """Without an elastic launcher: ``run`` calls the function once, and commit/restore
+    round-trip the model, the optimizer and the attributes."""
+    import gradwire.torch as gw
+
+    gw.init()
+    assert not gw._rt().elastic
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM)
+    state = gw.elastic.TorchState(model=m, optimizer=opt, epoch=0)
+    calls = []
+
+    def step(s):
+        x, y = batch(0, s)
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+
+    @gw.elastic.run
+    def train(state):
+        calls.append(1)
+        step(0)
+        state.epoch = 3
+        state.commit()
+        return "done"
+
+    assert train(state) == "done" and len(calls) == 1, calls
+    assert state.commits == 1
+    kept = flat(m).clone()
+    momentum = opt.state_dict()["state"][0]["momentum_buffer"].clone()
+    step(1)
+    state.epoch = 4
+    assert not torch.equal(flat(m), kept)
+    state.restore()
+    assert torch.equal(flat(m), kept), "the model was not restored"
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], momentum)
+    assert state.epoch == 3
+    # The restored copy stays intact when training goes on from it.
+    step(2)
+    state.restore()
+    assert torch.equal(flat(m), kept)
+    # The commit before (counter 0, at construction) is kept too.
+    state.restore(0)
+    assert state.epoch == 0 and not torch.equal(flat(m), kept)
+    save(out, "elastic-local.ok", True)
+    gw.shutdown()
+
+
 if __name__ == "__main__":
     job, out, *args = sys.argv[1:]
     globals()[job](out, *args)

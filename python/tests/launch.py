@@ -16,6 +16,14 @@ def free_port():
         return s.getsockname()[1]
 
 
+def gradwire_bin():
+    """The `gradwire` binary (`GRADWIRE_BIN`, else the workspace's release build), or `None`
+    when it is not built (`cargo build --release -p gradwire`)."""
+    path = os.environ.get("GRADWIRE_BIN") or os.path.join(
+        HERE, "..", "..", "target", "release", "gradwire")
+    return path if os.access(path, os.X_OK) else None
+
+
 class Job:
     """`world` processes running `jobs.py JOB OUT [ARGS]`, with gradwire's launcher
     variables (and torch's, for the gloo baselines). `run()` waits up to `timeout` seconds

@@ -13,11 +13,16 @@
 DDP scripts keep DDP and add a comm hook:
 ``ddp.register_comm_hook(None, gw.comm_hook(codec="powersgd:rank=2"))``.
 
+Elastic training (ranks lost and admitted while training) follows Horovod Elastic:
+``gw.elastic.run`` and ``gw.elastic.TorchState`` under ``gradwire launch --elastic MIN:MAX``
+(see :mod:`gradwire.torch.elastic`).
+
 Failures raise :class:`gradwire.GradwireError` with the engine's text: a dead rank is named
 within the transport's deadline (``GRADWIRE_TIMEOUT``), a mismatched tensor is named.
 """
 
 from .._gradwire import GradwireError
+from . import elastic
 from ._runtime import init, is_initialized, shutdown
 from ._runtime import runtime as _rt
 from .comm_hook import comm_hook
@@ -73,5 +78,5 @@ __all__ = [
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
     "broadcast_parameters", "broadcast_optimizer_state", "barrier", "poll", "synchronize",
     "DistributedOptimizer", "Compression", "comm_hook", "state_dict", "load_state_dict",
-    "overlap_summary",
+    "overlap_summary", "elastic",
 ]

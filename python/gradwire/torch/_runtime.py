@@ -89,6 +89,17 @@ def register(tensors, config):
         rt.start(list(_tensors), timeline=_timeline_path is not None, **_config)
 
 
+def restart():
+    """After an elastic re-form (``Runtime.reform``): starts the engine again with every
+    tensor registered so far under the same config (its codec state starts afresh), and
+    restarts the counters of unnamed operations (joiners start them at zero too)."""
+    rt = runtime()
+    with _lock:
+        _names.clear()
+        if _config is not None:
+            rt.start(list(_tensors), timeline=_timeline_path is not None, **_config)
+
+
 def rank_path(path, rank):
     """``FILE.rankR.EXT`` beside ``FILE.EXT`` (the CLI's per-rank timeline names)."""
     head, tail = os.path.split(path)
