@@ -26,6 +26,7 @@ COMMANDS = [
 FLATTEN = {
     "crate::train_ps::PsArgs": ("train_ps.rs", "PsArgs"),
     "crate::train_parallel::ModelParallelArgs": ("train_parallel.rs", "ModelParallelArgs"),
+    "crate::train_elastic::ElasticArgs": ("train_elastic.rs", "ElasticArgs"),
 }
 
 
