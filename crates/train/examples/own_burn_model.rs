@@ -43,8 +43,11 @@ impl Net for SmallNet {
         batch: &Batch,
         device: &Device,
     ) -> gradwire_train::Result<(Tensor<2>, Tensor<1, Int>)> {
-        let (x, y) = flat_images(batch, device)
-            .ok_or_else(|| gradwire_train::Error::Config("SmallNet takes images".into()))?;
+        let (x, y) =
+            flat_images(batch, device).ok_or_else(|| gradwire_train::Error::BatchMismatch {
+                model: "SmallNet",
+                batch: batch.kind(),
+            })?;
         Ok((self.out.forward(relu(self.hidden.forward(x))), y))
     }
 }
@@ -53,22 +56,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let epochs: u64 = args.next().map_or(Ok(2), |a| a.parse())?;
     let codec = args.next().unwrap_or_else(|| "qsgd:bits=4".to_string());
+    let config = EngineConfig {
+        codec: codec.parse()?,
+        ..EngineConfig::default()
+    };
     gradwire_train::init_threads(1);
     let data = std::sync::Arc::new(DatasetKind::FashionMnist.load(&default_data_dir(), 64)?);
     let ranks: Vec<_> = Local::world(2)
         .into_iter()
         .map(|transport| {
-            let (data, codec) = (data.clone(), codec.clone());
+            let (data, config) = (data.clone(), config.clone());
             std::thread::spawn(move || -> gradwire_train::Result<()> {
                 let device = Device::flex().autodiff();
                 let model = BurnModel::custom(SmallNet::new(&device), device, 1);
-                let codec = codec
-                    .parse()
-                    .map_err(|e| gradwire_train::Error::Config(format!("{e}")))?;
-                let config = EngineConfig {
-                    codec,
-                    ..EngineConfig::default()
-                };
                 let sync = EngineSync::new(transport, config, &model.tensors(), 1)?;
                 let train = TrainConfig {
                     seed: 1,

@@ -2,6 +2,13 @@
 
 use std::path::PathBuf;
 
+mod config;
+
+pub use config::{
+    ConfigError, HiddenError, HiddenSizesError, LstmOptionError, ModelError, OptimizerError,
+    PartitionError,
+};
+
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -56,9 +63,9 @@ pub enum Error {
         /// The length given.
         got: usize,
     },
-    /// A configuration value is invalid.
+    /// A configuration value is invalid, or a call came out of turn (see [`ConfigError`]).
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// The run needs a capability the gradient sync does not have (see the `sync` module's
     /// doc: overlapping steps, checkpoints, a server-side update); choose a sync that has it.
     #[error("this gradient sync cannot {what}")]
@@ -108,4 +115,22 @@ pub enum Error {
     /// A parameter-server operation failed (naming the shard or the lost worker).
     #[error("parameter server: {0}")]
     Ps(#[from] gradwire_ps::Error),
+}
+
+impl From<OptimizerError> for Error {
+    fn from(e: OptimizerError) -> Error {
+        Error::Config(e.into())
+    }
+}
+
+impl From<ModelError> for Error {
+    fn from(e: ModelError) -> Error {
+        Error::Config(e.into())
+    }
+}
+
+impl From<PartitionError> for Error {
+    fn from(e: PartitionError) -> Error {
+        Error::Config(e.into())
+    }
 }

@@ -73,7 +73,10 @@ mod trainer;
 /// network with it and train it through [`BurnModel::custom`].
 pub use burn;
 pub use checkpoint::Checkpoint;
-pub use error::{Error, Result};
+pub use error::{
+    ConfigError, Error, HiddenError, HiddenSizesError, LstmOptionError, ModelError, OptimizerError,
+    PartitionError, Result,
+};
 pub use model::{BurnModel, Eval, MlpHidden, Model, ModelKind, Net};
 pub use model::{ParamTensor, TensorRole};
 pub use optim::{LrDecay, Optimizer, OptimizerConfig, OptimizerKind, OptimizerState};

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use gradwire_ps::sandblaster::Objective;
 
 use crate::data::{epoch_permutation, DataShape, Split};
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::model::{Model, ModelKind};
 
 /// A model and a full batch of a training split, as a Sandblaster objective.
@@ -53,12 +53,10 @@ impl ModelObjective {
         unit_size: usize,
     ) -> Result<Self> {
         if split.is_empty() {
-            return Err(Error::Config("the training split is empty".into()));
+            return Err(ConfigError::EmptySplit.into());
         }
         if batch == Some(0) || unit_size == 0 {
-            return Err(Error::Config(
-                "the Sandblaster batch and unit size must be at least 1".into(),
-            ));
+            return Err(ConfigError::SandblasterSize.into());
         }
         let mut order = epoch_permutation(split.len(), seed, 0);
         order.truncate(batch.unwrap_or(usize::MAX).min(split.len()));

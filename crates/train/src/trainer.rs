@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::Checkpoint;
 use crate::data::{shard_indices, shard_len, Dataset, Split};
 use crate::elastic::{order_shard, remaining_samples, Commit, EpochOrder};
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::model::{Eval, Model};
 use crate::optim::{Optimizer, OptimizerConfig, OptimizerState};
 use crate::sync::{GradientSync, Phase, SyncStats};
@@ -191,19 +191,17 @@ impl<S: GradientSync> Trainer<S> {
         train_len: usize,
     ) -> Result<Self> {
         if config.batch_size == 0 || config.eval_batch_size == 0 {
-            return Err(Error::Config("batch sizes must be positive".into()));
+            return Err(ConfigError::BatchSize.into());
         }
         if config.overlap_steps > 1 {
-            return Err(Error::Config(format!(
-                "overlap_steps {} is not supported (0: synchronous, 1: one-step-stale)",
-                config.overlap_steps
-            )));
+            return Err(ConfigError::OverlapSteps {
+                given: config.overlap_steps,
+            }
+            .into());
         }
         if let Some(c) = config.local_clip {
             if !(c.is_finite() && c > 0.0) {
-                return Err(Error::Config(format!(
-                    "local clip norm {c} must be positive and finite"
-                )));
+                return Err(ConfigError::LocalClip { value: c }.into());
             }
         }
         let mut params = Vec::new();
@@ -278,9 +276,7 @@ impl<S: GradientSync> Trainer<S> {
     /// Needs a sync with [`GradientSync::checkpoint`] ([`Error::Unsupported`] otherwise).
     pub fn checkpoint(&mut self, config: String, software: String) -> Result<Checkpoint> {
         if self.in_flight || self.config.overlap_steps != 0 {
-            return Err(Error::Config(
-                "checkpoints need synchronous steps (overlap_steps = 0)".into(),
-            ));
+            return Err(ConfigError::CheckpointNeedsSynchronous.into());
         }
         Ok(Checkpoint {
             rank: self.sync.rank() as u32,
@@ -322,9 +318,7 @@ impl<S: GradientSync> Trainer<S> {
             )));
         }
         if self.in_flight || self.config.overlap_steps != 0 {
-            return Err(Error::Config(
-                "checkpoints need synchronous steps (overlap_steps = 0)".into(),
-            ));
+            return Err(ConfigError::CheckpointNeedsSynchronous.into());
         }
         let state = OptimizerState::from_bytes(&ckpt.optimizer)?;
         self.optimizer.set_state(state)?;
@@ -383,9 +377,7 @@ impl<S: GradientSync> Trainer<S> {
             }
         }
         if self.in_flight || self.config.overlap_steps != 0 {
-            return Err(Error::Config(
-                "elastic training needs synchronous steps (overlap_steps = 0)".into(),
-            ));
+            return Err(ConfigError::ElasticNeedsSynchronous.into());
         }
         let step = usize::try_from(ck.step_in_epoch)
             .map_err(|_| Error::Resume("step within the epoch out of range".into()))?;
@@ -485,10 +477,12 @@ impl<S: GradientSync> Trainer<S> {
         let n = data.train.len();
         let (shard, first, steps) = self.epoch_shard(n);
         if steps == 0 && self.order.is_none() {
-            return Err(Error::Config(format!(
-                "{n} training samples over {world} ranks give no full batch of {}",
-                self.config.batch_size
-            )));
+            return Err(ConfigError::NoFullBatch {
+                samples: n,
+                ranks: world,
+                batch: self.config.batch_size,
+            }
+            .into());
         }
         let bs = self.config.batch_size;
         let mut part = std::mem::take(&mut self.part);

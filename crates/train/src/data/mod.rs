@@ -17,7 +17,7 @@ pub use text::{TextCorpus, TextSplit, Vocab};
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// The samples of one split (training or test/validation).
 #[derive(Debug, Clone)]
@@ -225,9 +225,10 @@ impl FromStr for DatasetKind {
             "mnist" => Ok(DatasetKind::Mnist),
             "shakespeare" => Ok(DatasetKind::Shakespeare),
             "cifar10" | "cifar-10" => Ok(DatasetKind::Cifar10),
-            _ => Err(Error::Config(format!(
-                "unknown data set {s:?} (expected fashion-mnist|mnist|shakespeare|cifar10)"
-            ))),
+            _ => Err(ConfigError::UnknownDataSet {
+                spec: s.to_string(),
+            }
+            .into()),
         }
     }
 }

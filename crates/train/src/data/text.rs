@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::batch::TextBatch;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// The characters of a corpus, sorted; a character's id is its index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,9 +132,10 @@ impl TextCorpus {
     /// last `val_fraction` for validation.
     pub fn from_text(text: &str, val_fraction: f64, seq_len: usize) -> Result<Self> {
         if !(0.0..1.0).contains(&val_fraction) {
-            return Err(Error::Config(format!(
-                "validation fraction {val_fraction} is not in [0, 1)"
-            )));
+            return Err(ConfigError::ValFraction {
+                value: val_fraction,
+            }
+            .into());
         }
         let vocab = Vocab::from_text(text);
         let ids = vocab

@@ -11,7 +11,7 @@ use super::init::ParamInit;
 use super::net::{int_tensor, mismatch, Net};
 use super::ModelKind;
 use crate::data::Batch;
-use crate::error::{Error, Result};
+use crate::error::{ModelError, Result};
 
 /// LeNet-5 with ReLU and max pooling (61,706 parameters on 1x28x28, 10 classes).
 #[derive(Module, Debug)]
@@ -58,9 +58,7 @@ impl LeNet {
         // conv1 keeps h x w, pool halves, conv2 (5x5, no pad) takes 4, pool halves.
         let (h2, w2) = ((h / 2).saturating_sub(4) / 2, (w / 2).saturating_sub(4) / 2);
         if h2 == 0 || w2 == 0 {
-            return Err(Error::Config(format!(
-                "LeNet needs images of at least 12x12, got {h}x{w}"
-            )));
+            return Err(ModelError::LeNetImages { h, w }.into());
         }
         Ok(LeNet {
             conv1: conv(c, 6, 5, 1, 2, device),

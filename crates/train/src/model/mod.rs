@@ -18,7 +18,7 @@ mod resnet;
 use std::str::FromStr;
 
 use crate::data::{Batch, DataShape};
-use crate::error::{Error, Result};
+use crate::error::{Error, HiddenError, HiddenSizesError, LstmOptionError, ModelError, Result};
 
 /// Loss and accuracy summed over evaluated samples (tokens for a language model).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -202,18 +202,18 @@ impl MlpHidden {
 
     /// Hidden widths from a list, checked against the limits.
     pub fn new(widths: &[usize]) -> Result<MlpHidden> {
+        Ok(MlpHidden::checked(widths).map_err(ModelError::Hidden)?)
+    }
+
+    /// [`MlpHidden::new`], with the refusal as it is.
+    fn checked(widths: &[usize]) -> std::result::Result<MlpHidden, HiddenError> {
         if widths.is_empty() || widths.len() > MAX_HIDDEN_LAYERS {
-            return Err(Error::Config(format!(
-                "an MLP needs 1 to {MAX_HIDDEN_LAYERS} hidden layers, got {}",
-                widths.len()
-            )));
+            return Err(HiddenError::Layers { got: widths.len() });
         }
         let mut out = [0u32; MAX_HIDDEN_LAYERS];
         for (o, &w) in out.iter_mut().zip(widths) {
             if !(1..=MAX_HIDDEN_WIDTH).contains(&w) {
-                return Err(Error::Config(format!(
-                    "hidden width {w} is out of range (1 to {MAX_HIDDEN_WIDTH})"
-                )));
+                return Err(HiddenError::Width { width: w });
             }
             *o = w as u32;
         }
@@ -268,10 +268,11 @@ impl FromStr for MlpHidden {
     type Err = Error;
     /// `WIDTH[xCOUNT]` items joined by `-` or `,`: `2048x3`, `1024-512`, `512,256`.
     fn from_str(s: &str) -> Result<MlpHidden> {
-        let bad = |why: &str| {
-            Error::Config(format!(
-                "bad hidden sizes {s:?}: {why} (expected e.g. 2048x3, 1024-512 or 512,256)"
-            ))
+        let bad = |why: HiddenSizesError| {
+            Error::from(ModelError::HiddenSizes {
+                spec: s.to_string(),
+                why,
+            })
         };
         let mut widths = Vec::new();
         for item in s.split(['-', ',']) {
@@ -282,18 +283,16 @@ impl FromStr for MlpHidden {
             };
             let w: usize = w
                 .parse()
-                .map_err(|_| bad(&format!("{w:?} is not a width")))?;
+                .map_err(|_| bad(HiddenSizesError::Width(w.to_string())))?;
             let n: usize = n
                 .parse()
-                .map_err(|_| bad(&format!("{n:?} is not a layer count")))?;
+                .map_err(|_| bad(HiddenSizesError::Count(n.to_string())))?;
             if n == 0 || widths.len() + n > MAX_HIDDEN_LAYERS {
-                return Err(bad(&format!(
-                    "1 to {MAX_HIDDEN_LAYERS} hidden layers in all"
-                )));
+                return Err(bad(HiddenSizesError::Layers));
             }
             widths.extend(std::iter::repeat_n(w, n));
         }
-        MlpHidden::new(&widths).map_err(|e| bad(&e.to_string()))
+        MlpHidden::checked(&widths).map_err(|e| bad(e.into()))
     }
 }
 
@@ -389,14 +388,13 @@ impl ModelKind {
         use burn::prelude::Device;
         let device = Device::flex().autodiff();
         let wrong = || {
-            Error::Config(format!(
-                "model {} does not fit {} data",
-                self.name(),
-                match shape {
+            Error::from(ModelError::DataMismatch {
+                model: self.name(),
+                data: match shape {
                     DataShape::Image { .. } => "image",
                     DataShape::Text { .. } => "text",
-                }
-            ))
+                },
+            })
         };
         Ok(match (self, shape) {
             (ModelKind::Mlp, DataShape::Image { shape, classes }) => {
@@ -408,9 +406,11 @@ impl ModelKind {
                 let inputs = shape.iter().product();
                 let n = hidden.num_params(inputs, classes);
                 if n > MAX_PARAMS {
-                    return Err(Error::Config(format!(
-                        "model {self} would have {n} parameters (at most {MAX_PARAMS})"
-                    )));
+                    return Err(ModelError::TooManyParams {
+                        model: self,
+                        params: n,
+                    }
+                    .into());
                 }
                 let net = mlp::WideMlp::new(inputs, &hidden.widths(), classes, &device);
                 Box::new(net::BurnModel::new(net, self, device, seed))
@@ -458,19 +458,20 @@ impl FromStr for ModelKind {
                 return parse_lstm(s, opts);
             }
             if family.trim() != "mlp" {
-                return Err(Error::Config(format!(
-                    "model {s:?}: only mlp and lstm take options (mlp:hidden=2048x3, \
-                     mlp:wide, lstm:hidden=128)"
-                )));
+                return Err(ModelError::NoOptions {
+                    spec: s.to_string(),
+                }
+                .into());
             }
             let hidden = match opts.trim().split_once('=') {
                 None if opts.trim() == "wide" => MlpHidden::PAPER,
                 Some((key, value)) if key.trim() == "hidden" => value.parse()?,
                 _ => {
-                    return Err(Error::Config(format!(
-                        "model {s:?}: unknown mlp option {opts:?} (expected hidden=WIDTHS, \
-                         e.g. mlp:hidden=2048x3, or wide)"
-                    )))
+                    return Err(ModelError::UnknownMlpOption {
+                        spec: s.to_string(),
+                        option: opts.to_string(),
+                    }
+                    .into())
                 }
             };
             return Ok(if hidden.widths() == [256, 128] {
@@ -484,9 +485,10 @@ impl FromStr for ModelKind {
             "lenet" | "lenet5" | "lenet-5" => Ok(ModelKind::LeNet),
             "resnet" | "resnet8" | "resnet-8" => Ok(ModelKind::ResNet8),
             "lstm" | "char-lstm" | "charlstm" => Ok(ModelKind::CharLstm),
-            _ => Err(Error::Config(format!(
-                "unknown model {s:?} (expected mlp|lenet|resnet|lstm|mlp:hidden=2048x3|lstm:hidden=128)"
-            ))),
+            _ => Err(ModelError::Unknown {
+                spec: s.to_string(),
+            }
+            .into()),
         }
     }
 }
@@ -496,26 +498,24 @@ pub const MAX_LSTM_HIDDEN: u32 = 2048;
 
 /// `opts` of `lstm:OPTS` (`s` is the whole spec, for errors): `hidden=N`.
 fn parse_lstm(s: &str, opts: &str) -> Result<ModelKind> {
-    let bad = |why: String| Error::Config(format!("model {s:?}: {why}"));
+    let bad = |why: LstmOptionError| {
+        Error::from(ModelError::LstmOption {
+            spec: s.to_string(),
+            why,
+        })
+    };
     let Some((key, value)) = opts.trim().split_once('=') else {
-        return Err(bad(format!(
-            "unknown lstm option {opts:?} (expected hidden=N, e.g. lstm:hidden=128)"
-        )));
+        return Err(bad(LstmOptionError::Option(opts.to_string())));
     };
     if key.trim() != "hidden" {
-        return Err(bad(format!(
-            "unknown lstm option {:?} (expected hidden=N)",
-            key.trim()
-        )));
+        return Err(bad(LstmOptionError::Key(key.trim().to_string())));
     }
     let h: u32 = value
         .trim()
         .parse()
-        .map_err(|_| bad(format!("hidden size {:?} is not a number", value.trim())))?;
+        .map_err(|_| bad(LstmOptionError::NotANumber(value.trim().to_string())))?;
     if !(8..=MAX_LSTM_HIDDEN).contains(&h) {
-        return Err(bad(format!(
-            "hidden size {h} is out of range (8 to {MAX_LSTM_HIDDEN})"
-        )));
+        return Err(bad(LstmOptionError::Range(h)));
     }
     Ok(if h as usize == lstm::HIDDEN {
         ModelKind::CharLstm

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OptimizerError, Result};
 
 /// The update rule.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -171,16 +171,18 @@ impl OptimizerConfig {
 
     /// Checks ranges and combinations (called by `FromStr` and `build`).
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Config(m));
+        let bad = |e: OptimizerError| Err(Error::from(e));
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad(format!("learning rate {} must be positive", self.lr));
+            return bad(OptimizerError::LearningRate { lr: self.lr });
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return bad(format!("weight decay {} must be >= 0", self.weight_decay));
+            return bad(OptimizerError::WeightDecay {
+                value: self.weight_decay,
+            });
         }
         if let Some(c) = self.clip_norm {
             if !(c.is_finite() && c > 0.0) {
-                return bad(format!("clip norm {c} must be positive"));
+                return bad(OptimizerError::ClipNorm { value: c });
             }
         }
         match self.kind {
@@ -191,23 +193,23 @@ impl OptimizerConfig {
                 ..
             } => {
                 if !(0.0..1.0).contains(&momentum) {
-                    return bad(format!("momentum {momentum} must be in [0, 1)"));
+                    return bad(OptimizerError::Momentum { value: momentum });
                 }
                 if !(0.0..=1.0).contains(&dampening) {
-                    return bad(format!("dampening {dampening} must be in [0, 1]"));
+                    return bad(OptimizerError::Dampening { value: dampening });
                 }
                 if nesterov && (momentum == 0.0 || dampening != 0.0) {
-                    return bad("nesterov needs momentum > 0 and dampening 0".into());
+                    return bad(OptimizerError::Nesterov);
                 }
             }
             OptimizerKind::Adam {
                 beta1, beta2, eps, ..
             } => {
                 if !(0.0..1.0).contains(&beta1) || !(0.0..1.0).contains(&beta2) {
-                    return bad(format!("betas ({beta1}, {beta2}) must be in [0, 1)"));
+                    return bad(OptimizerError::Betas { beta1, beta2 });
                 }
                 if !(eps.is_finite() && eps > 0.0) {
-                    return bad(format!("eps {eps} must be positive"));
+                    return bad(OptimizerError::Eps { value: eps });
                 }
             }
             OptimizerKind::Adagrad {
@@ -215,12 +217,12 @@ impl OptimizerConfig {
                 initial_accumulator,
             } => {
                 if !(eps.is_finite() && eps > 0.0) {
-                    return bad(format!("eps {eps} must be positive"));
+                    return bad(OptimizerError::Eps { value: eps });
                 }
                 if !(initial_accumulator.is_finite() && initial_accumulator >= 0.0) {
-                    return bad(format!(
-                        "initial accumulator {initial_accumulator} must be >= 0"
-                    ));
+                    return bad(OptimizerError::InitialAccumulator {
+                        value: initial_accumulator,
+                    });
                 }
             }
         }
@@ -228,12 +230,10 @@ impl OptimizerConfig {
             LrDecay::Step { every, gamma }
                 if every == 0 || gamma.is_nan() || gamma <= 0.0 || gamma > 1.0 =>
             {
-                bad(format!(
-                    "step decay needs every > 0 and gamma in (0, 1], got {every}, {gamma}"
-                ))
+                bad(OptimizerError::StepDecay { every, gamma })
             }
             LrDecay::Cosine { min_lr, .. } if !(0.0..=self.lr).contains(&min_lr) => {
-                bad(format!("cosine min_lr {min_lr} must be in [0, lr]"))
+                bad(OptimizerError::CosineMinLr { min_lr })
             }
             _ => Ok(()),
         }
@@ -272,9 +272,10 @@ impl FromStr for OptimizerConfig {
             }
             "adagrad" => Self::adagrad(0.01),
             other => {
-                return Err(Error::Config(format!(
-                    "unknown optimizer {other:?} (expected sgd|nesterov|adam|adamw|adagrad)"
-                )))
+                return Err(OptimizerError::Unknown {
+                    name: other.to_string(),
+                }
+                .into())
             }
         };
         let (mut every, mut gamma, mut total, mut min_lr) = (None, None, None, None);
@@ -282,18 +283,29 @@ impl FromStr for OptimizerConfig {
         for kv in rest.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, "true"));
             let f = || -> Result<f64> {
-                v.parse::<f64>()
-                    .map_err(|_| Error::Config(format!("{k}={v}: not a number")))
+                v.parse::<f64>().map_err(|_| {
+                    Error::from(OptimizerError::NotANumber {
+                        key: k.to_string(),
+                        value: v.to_string(),
+                    })
+                })
             };
             let u = || -> Result<u64> {
-                v.parse::<u64>()
-                    .map_err(|_| Error::Config(format!("{k}={v}: not a whole number")))
+                v.parse::<u64>().map_err(|_| {
+                    Error::from(OptimizerError::NotAWholeNumber {
+                        key: k.to_string(),
+                        value: v.to_string(),
+                    })
+                })
             };
             let b = || -> Result<bool> {
                 match v {
                     "true" | "1" | "yes" => Ok(true),
                     "false" | "0" | "no" => Ok(false),
-                    _ => Err(Error::Config(format!("{k}={v}: not a boolean"))),
+                    _ => Err(Error::from(OptimizerError::NotABoolean {
+                        key: k.to_string(),
+                        value: v.to_string(),
+                    })),
                 }
             };
             match (k, &mut c.kind) {
@@ -322,9 +334,11 @@ impl FromStr for OptimizerConfig {
                     },
                 ) => *initial_accumulator = f()?,
                 _ => {
-                    return Err(Error::Config(format!(
-                        "optimizer {name}: unknown key {k:?}"
-                    )))
+                    return Err(OptimizerError::UnknownKey {
+                        optimizer: name.to_string(),
+                        key: k.to_string(),
+                    }
+                    .into())
                 }
             }
         }
@@ -335,7 +349,7 @@ impl FromStr for OptimizerConfig {
             },
             None | Some("constant" | "none") => LrDecay::Constant,
             Some("step") => LrDecay::Step {
-                every: every.ok_or_else(|| Error::Config("decay=step needs every=N".into()))?,
+                every: every.ok_or(OptimizerError::StepDecayNeedsEvery)?,
                 gamma: gamma.unwrap_or(0.1),
             },
             Some("cosine" | "cos") => LrDecay::Cosine {
@@ -343,9 +357,10 @@ impl FromStr for OptimizerConfig {
                 min_lr: min_lr.unwrap_or(0.0),
             },
             Some(d) => {
-                return Err(Error::Config(format!(
-                    "unknown decay {d:?} (expected constant|step|cosine)"
-                )))
+                return Err(OptimizerError::UnknownDecay {
+                    name: d.to_string(),
+                }
+                .into())
             }
         };
         c.validate()?;

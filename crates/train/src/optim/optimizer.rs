@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::config::{OptimizerConfig, OptimizerKind};
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// Everything an optimizer remembers between steps.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -161,9 +161,7 @@ impl Optimizer {
     /// under global-norm clipping (the norm needs the whole gradient).
     pub fn step_part(&mut self, params: &mut [f32], grads: &[f32], offset: usize) -> Result<()> {
         if !self.updates_by_part() {
-            return Err(Error::Config(
-                "gradient clipping needs the whole gradient: use step()".into(),
-            ));
+            return Err(ConfigError::ClipNeedsWholeGradient.into());
         }
         if params.len() != grads.len() || offset + params.len() > self.len {
             return Err(Error::LengthMismatch {

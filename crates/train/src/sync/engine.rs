@@ -27,7 +27,7 @@ use gradwire_engine::{ByteStats, Engine, EngineConfig, EngineStats, Handle, Phas
 use gradwire_transport::Transport;
 
 use super::{CheckpointSync, GradientSync, OnReady, OverlapSync, SyncStats};
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::model::ParamTensor;
 
 /// Name of the parameter broadcast at start.
@@ -227,9 +227,7 @@ impl GradientSync for EngineSync {
         on_ready: &mut OnReady<'_>,
     ) -> Result<SyncStats> {
         if self.in_flight.is_some() {
-            return Err(Error::Config(
-                "sync while a start_sync is still in flight".into(),
-            ));
+            return Err(ConfigError::SyncInFlight.into());
         }
         let t0 = Instant::now();
         self.submit(grads, false)?;
@@ -279,16 +277,14 @@ impl GradientSync for EngineSync {
 impl OverlapSync for EngineSync {
     fn start_sync(&mut self, grads: &[f32]) -> Result<()> {
         if self.in_flight.is_some() {
-            return Err(Error::Config(
-                "start_sync while the previous averaging is still in flight".into(),
-            ));
+            return Err(ConfigError::StartSyncInFlight.into());
         }
         self.submit(grads, true)
     }
 
     fn finish_sync(&mut self, out: &mut [f32]) -> Result<SyncStats> {
         if self.in_flight.is_none() {
-            return Err(Error::Config("finish_sync without start_sync".into()));
+            return Err(ConfigError::FinishWithoutStart.into());
         }
         self.collect(out, &mut |_, _| Ok(()), Instant::now())
     }
@@ -297,9 +293,7 @@ impl OverlapSync for EngineSync {
 impl CheckpointSync for EngineSync {
     fn save_state(&self) -> Result<Vec<u8>> {
         if self.in_flight.is_some() {
-            return Err(Error::Config(
-                "checkpoint while a gradient averaging is in flight".into(),
-            ));
+            return Err(ConfigError::CheckpointInFlight.into());
         }
         Ok(self.engine().save_state()?.to_bytes())
     }

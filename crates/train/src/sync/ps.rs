@@ -58,7 +58,7 @@ use gradwire_ps::{
 };
 
 use super::{GradientSync, ServerSync, SyncStats};
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::optim::{LrDecay, OptimizerConfig, OptimizerKind};
 
 /// The parameter table's key.
@@ -126,11 +126,12 @@ impl PsConfig {
 
 /// The server-side updater that performs `o`'s update, or why a shard cannot.
 pub fn mirror_optimizer(o: &OptimizerConfig) -> Result<UpdaterSpec> {
-    let refuse = |what: &str| {
-        Err(Error::Config(format!(
-            "the parameter server cannot run optimizer {o}: {what} (the shards apply a constant \
-             learning rate with sgd, momentum, adagrad or adam and nothing else)"
-        )))
+    let refuse = |what: &'static str| {
+        Err(ConfigError::PsOptimizer {
+            optimizer: o.to_string(),
+            what,
+        }
+        .into())
     };
     if o.weight_decay != 0.0 {
         return refuse("weight decay");
@@ -218,12 +219,10 @@ impl PsSync {
     /// parameters. Fails (naming the shard) when one is unreachable before the deadline.
     pub fn connect(rank: usize, world: usize, n_params: usize, cfg: PsConfig) -> Result<Self> {
         if cfg.shards.is_empty() {
-            return Err(Error::Config("no parameter-server shard given".into()));
+            return Err(ConfigError::NoShards.into());
         }
         if cfg.consistency == Consistency::Sync && (cfg.n_fetch > 1 || cfg.n_push > 1) {
-            return Err(Error::Config(
-                "n_fetch and n_push are Downpour's: they need an async or ssp table".into(),
-            ));
+            return Err(ConfigError::DownpourNeedsAsync.into());
         }
         let mut c = ClientConfig::new(WorkerId(rank as u32), cfg.shards.clone());
         c.chunk_elems = n_params.div_ceil(cfg.shards.len()).max(1);
@@ -319,9 +318,7 @@ impl GradientSync for PsSync {
     }
 
     fn sync(&mut self, _grads: &mut [f32]) -> Result<SyncStats> {
-        Err(Error::Config(
-            "the parameter server applies the update itself: the trainer calls server_step".into(),
-        ))
+        Err(ConfigError::ServerStep.into())
     }
 
     fn server(&mut self) -> Option<&mut dyn ServerSync> {

@@ -10,7 +10,7 @@ use super::net::CpuLeNet;
 use super::work::Work;
 use super::{C1, C2, EVAL_CHUNK, F1, F2, KK};
 use crate::data::Batch;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Result};
 use crate::model::{Eval, Model, ModelKind, ParamTensor};
 
 impl Model for CpuLeNet {
@@ -53,7 +53,7 @@ impl Model for CpuLeNet {
         let b = self.check(batch)?;
         let n = b.labels.len();
         if n == 0 {
-            return Err(Error::Config("empty training batch".into()));
+            return Err(ConfigError::EmptyBatch.into());
         }
         let (g, off) = (self.geom, self.off);
         let p = &self.params;

@@ -7,7 +7,7 @@ use super::geometry::{Geom, Offsets};
 use super::work::Work;
 use super::K;
 use crate::data::{Batch, ImageBatch};
-use crate::error::{Error, Result};
+use crate::error::{Error, ModelError, Result};
 use crate::model::init::{init_flat, ParamInit};
 use crate::model::{ModelKind, ParamTensor};
 
@@ -47,16 +47,22 @@ impl CpuLeNet {
             classes,
         };
         if geom.hp2 == 0 || geom.wp2 == 0 || c0 == 0 || classes == 0 {
-            return Err(Error::Config(format!(
-                "LeNet needs images of at least 12x12 and a class, got {c0}x{h0}x{w0}, {classes} classes"
-            )));
+            return Err(ModelError::LeNetShape {
+                c: c0,
+                h: h0,
+                w: w0,
+                classes,
+            }
+            .into());
         }
         let layout = geom.layout();
         let theirs: Vec<usize> = tensors.iter().map(ParamTensor::len).collect();
         if theirs != layout {
-            return Err(Error::Config(format!(
-                "hand-written LeNet layout {layout:?} differs from the model's {theirs:?}"
-            )));
+            return Err(ModelError::LeNetLayout {
+                ours: layout.to_vec(),
+                theirs,
+            }
+            .into());
         }
         let params = init_flat(&layout, plan, seed);
         Ok(CpuLeNet {
@@ -79,10 +85,13 @@ impl CpuLeNet {
         };
         let g = &self.geom;
         if b.shape != [g.c0, g.h0, g.w0] {
-            return Err(Error::Config(format!(
-                "LeNet built for {}x{}x{} images got a batch of {:?}",
-                g.c0, g.h0, g.w0, b.shape
-            )));
+            return Err(ModelError::LeNetBatch {
+                c: g.c0,
+                h: g.h0,
+                w: g.w0,
+                got: b.shape,
+            }
+            .into());
         }
         let want = b.labels.len() * g.c0 * g.h0 * g.w0;
         if b.pixels.len() != want {
@@ -93,10 +102,11 @@ impl CpuLeNet {
             });
         }
         if let Some(&l) = b.labels.iter().find(|&&l| usize::from(l) >= g.classes) {
-            return Err(Error::Config(format!(
-                "label {l} out of range for {} classes",
-                g.classes
-            )));
+            return Err(ModelError::Label {
+                label: l,
+                classes: g.classes,
+            }
+            .into());
         }
         Ok(b)
     }

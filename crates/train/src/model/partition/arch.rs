@@ -4,7 +4,7 @@
 
 use super::layer::{Layer, Op};
 use crate::data::DataShape;
-use crate::error::{Error, Result};
+use crate::error::{PartitionError, Result};
 use crate::model::{Model, ModelKind, ParamTensor};
 
 /// The layers and tensors of the whole model (layer `i` owns tensors `2i` and `2i + 1`).
@@ -31,25 +31,22 @@ impl Arch {
             classes,
         } = shape
         else {
-            return Err(Error::Config(format!(
-                "model {kind} cannot be split: only image models (mlp, lenet) can"
-            )));
+            return Err(PartitionError::NotImage { model: kind }.into());
         };
         if !matches!(
             kind,
             ModelKind::Mlp | ModelKind::WideMlp(_) | ModelKind::LeNet
         ) {
-            return Err(Error::Config(format!(
-                "model {kind} cannot be split: only mlp (any widths) and lenet can"
-            )));
+            return Err(PartitionError::NotSplittable { model: kind }.into());
         }
         let model = kind.build(shape, seed)?;
         let tensors = model.tensors();
         if tensors.len() % 2 != 0 || tensors.is_empty() {
-            return Err(Error::Config(format!(
-                "model {kind}: expected weight/bias pairs, got {} tensors",
-                tensors.len()
-            )));
+            return Err(PartitionError::NotPairs {
+                model: kind,
+                tensors: tensors.len(),
+            }
+            .into());
         }
         let mut layers = Vec::with_capacity(tensors.len() / 2);
         let n_layers = tensors.len() / 2;
@@ -85,16 +82,20 @@ impl Arch {
                     }
                 }
                 _ => {
-                    return Err(Error::Config(format!(
-                        "model {kind}: cannot split tensor {} of shape {:?}",
-                        w.name, w.shape
-                    )))
+                    return Err(PartitionError::TensorShape {
+                        model: kind,
+                        tensor: w.name.clone(),
+                        shape: w.shape.clone(),
+                    }
+                    .into())
                 }
             };
             if op.weight_len() != w.len() || op.bias_len() != b.len() {
-                return Err(Error::Config(format!(
-                    "model {kind}: layer {name} does not match its tensors"
-                )));
+                return Err(PartitionError::LayerTensors {
+                    model: kind,
+                    layer: name,
+                }
+                .into());
             }
             layers.push(Layer { name, op });
         }
@@ -102,18 +103,23 @@ impl Arch {
         let mut width = c0 * h0 * w0;
         for l in &layers {
             if l.op.in_per_sample() != width {
-                return Err(Error::Config(format!(
-                    "model {kind}: layer {} reads {} values per sample, the one before writes {width}",
-                    l.name,
-                    l.op.in_per_sample()
-                )));
+                return Err(PartitionError::LayerWidths {
+                    model: kind,
+                    layer: l.name.clone(),
+                    reads: l.op.in_per_sample(),
+                    writes: width,
+                }
+                .into());
             }
             width = l.op.out_per_sample();
         }
         if width != classes {
-            return Err(Error::Config(format!(
-                "model {kind}: the last layer writes {width} values, not {classes} classes"
-            )));
+            return Err(PartitionError::Classes {
+                model: kind,
+                writes: width,
+                classes,
+            }
+            .into());
         }
         Ok((
             Arch {

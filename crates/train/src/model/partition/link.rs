@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use gradwire_transport::{Error as TransportError, Transport};
 
 use super::message::{decode, encode, Value, ABORT};
-use crate::error::{Error, Result};
+use crate::error::{Error, PartitionError, Result};
 
 /// Most messages read from a failed call's peer while looking for its report.
 const PROBE_MESSAGES: usize = 1024;
@@ -79,11 +79,13 @@ impl Link {
     /// Wraps the transport of partition `index` of `parts`.
     pub(crate) fn new(transport: Box<dyn Transport>, index: usize, parts: usize) -> Result<Link> {
         if transport.world_size() != parts || transport.rank() != index {
-            return Err(Error::Config(format!(
-                "partition {index} of {parts} was given a transport of rank {} in a world of {}",
-                transport.rank(),
-                transport.world_size()
-            )));
+            return Err(PartitionError::Transport {
+                index,
+                partitions: parts,
+                rank: transport.rank(),
+                world: transport.world_size(),
+            }
+            .into());
         }
         Ok(Link {
             transport,

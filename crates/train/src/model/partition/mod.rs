@@ -76,7 +76,7 @@ use self::arch::Arch;
 use super::cpu_lenet::log_softmax_row;
 use super::{Eval, Model, ModelKind, ParamTensor};
 use crate::data::{Batch, DataShape, ImageBatch};
-use crate::error::{Error, Result};
+use crate::error::{Error, ModelError, PartitionError, Result};
 
 /// Samples per chunk of an evaluation (bounds its buffers).
 const EVAL_CHUNK: usize = 128;
@@ -101,7 +101,7 @@ impl PartitionSpec {
     fn check(&self) -> Result<()> {
         self.split.validate()?;
         if self.partitions == 0 {
-            return Err(Error::Config("a model needs at least one partition".into()));
+            return Err(PartitionError::NoPartitions.into());
         }
         Ok(())
     }
@@ -173,14 +173,15 @@ impl PartitionSpec {
 
     /// Partition `index` of the replica, talking to the others over `transport` (whose
     /// ranks are the `K` partitions: rank `index` of a world of `K`, or a
-    /// [`Error::Config`]).
+    /// [`PartitionError`]).
     pub fn build(&self, index: usize, transport: Box<dyn Transport>) -> Result<PartitionedModel> {
         self.check()?;
         if index >= self.partitions {
-            return Err(Error::Config(format!(
-                "partition {index} of {}",
-                self.partitions
-            )));
+            return Err(PartitionError::Index {
+                index,
+                partitions: self.partitions,
+            }
+            .into());
         }
         let link = link::Link::new(transport, index, self.partitions)?;
         let (arch, whole) = Arch::build(self.kind, self.shape, self.seed)?;
@@ -286,10 +287,12 @@ fn check_images(
         });
     };
     if b.shape.iter().product::<usize>() != inputs {
-        return Err(Error::Config(format!(
-            "model {kind} takes {inputs} values per image, got images of {:?}",
-            b.shape
-        )));
+        return Err(ModelError::ImageSize {
+            model: kind,
+            inputs,
+            got: b.shape,
+        }
+        .into());
     }
     let want = b.labels.len() * inputs;
     if b.pixels.len() != want {
@@ -300,9 +303,7 @@ fn check_images(
         });
     }
     if let Some(&l) = b.labels.iter().find(|&&l| usize::from(l) >= classes) {
-        return Err(Error::Config(format!(
-            "label {l} out of range for {classes} classes"
-        )));
+        return Err(ModelError::Label { label: l, classes }.into());
     }
     Ok(b)
 }

@@ -30,22 +30,19 @@ use super::link::{chunk, Link};
 use super::plan::{Direction, Exchange, HeldTensor, Pattern, WholeTensor};
 use super::{check_images, eval_logits, loss_and_grad, EVAL_CHUNK};
 use crate::data::Batch;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, PartitionError, Result};
 use crate::model::{Eval, Model, ModelKind, ParamTensor};
 
 /// The layers of each partition: contiguous runs minimizing the largest run's cost.
 pub(crate) fn assign(arch: &Arch, k: usize) -> Result<Vec<Range<usize>>> {
     let l = arch.layers.len();
     if k == 0 || k > l {
-        return Err(Error::Config(format!(
-            "model {} has {l} layers ({}): a pipeline of {k} partitions needs 1 to {l}",
-            arch.kind,
-            arch.layers
-                .iter()
-                .map(|x| x.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+        return Err(PartitionError::PipelineDepth {
+            model: arch.kind,
+            layers: arch.layers.iter().map(|x| x.name.clone()).collect(),
+            partitions: k,
+        }
+        .into());
     }
     let cost: Vec<u64> = arch.layers.iter().map(|x| x.op.macs() as u64).collect();
     let mut prefix = vec![0u64; l + 1];
@@ -304,7 +301,7 @@ impl Model for Pipeline {
         let b = check_images(self.kind, batch, self.inputs, self.classes)?;
         let n = b.labels.len();
         if n == 0 {
-            return Err(Error::Config("empty training batch".into()));
+            return Err(ConfigError::EmptyBatch.into());
         }
         let m = non_empty(n, self.micro);
         let mut slots = std::mem::take(&mut self.slots);

@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use super::split::Split;
-use crate::error::{Error, Result};
+use crate::error::{Error, PartitionError, Result};
 
 /// One tensor of the whole (unpartitioned) model.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -210,10 +210,10 @@ impl PartitionPlan {
             });
         }
         let part = self.parts.get(index).ok_or_else(|| {
-            Error::Config(format!(
-                "partition {index} of a plan of {} partitions",
-                self.partitions
-            ))
+            Error::from(PartitionError::PlanIndex {
+                index,
+                partitions: self.partitions,
+            })
         })?;
         let mut out = Vec::with_capacity(part.elements);
         for h in &part.tensors {
@@ -265,9 +265,7 @@ impl PartitionPlan {
             }
         }
         match seen.iter().position(|s| !s) {
-            Some(i) => Err(Error::Config(format!(
-                "the plan holds no partition's copy of whole element {i}"
-            ))),
+            Some(i) => Err(PartitionError::NoCopy { element: i }.into()),
             None => Ok(whole),
         }
     }

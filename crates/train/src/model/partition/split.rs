@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PartitionError, Result};
 
 /// Most micro-batches a pipeline step may be cut into.
 pub const MAX_MICRO_BATCHES: usize = 1024;
@@ -32,9 +32,10 @@ impl Split {
             Split::Pipeline { micro_batches }
                 if !(1..=MAX_MICRO_BATCHES).contains(&micro_batches) =>
             {
-                Err(Error::Config(format!(
-                    "a pipeline needs 1 to {MAX_MICRO_BATCHES} micro-batches, got {micro_batches}"
-                )))
+                Err(PartitionError::MicroBatches {
+                    given: micro_batches,
+                }
+                .into())
             }
             _ => Ok(()),
         }
@@ -59,9 +60,9 @@ impl FromStr for Split {
     fn from_str(s: &str) -> Result<Split> {
         let lower = s.trim().to_ascii_lowercase();
         let bad = || {
-            Error::Config(format!(
-                "unknown split {s:?} (expected tensor, pipeline or pipeline:micro_batches=N)"
-            ))
+            Error::from(PartitionError::UnknownSplit {
+                spec: s.to_string(),
+            })
         };
         let split = match lower.split_once(':') {
             None if lower == "tensor" => Split::Tensor,
@@ -72,7 +73,10 @@ impl FromStr for Split {
                     return Err(bad());
                 }
                 let micro_batches = value.trim().parse().map_err(|_| {
-                    Error::Config(format!("split {s:?}: {:?} is not a count", value.trim()))
+                    Error::from(PartitionError::SplitCount {
+                        spec: s.to_string(),
+                        value: value.trim().to_string(),
+                    })
                 })?;
                 Split::Pipeline { micro_batches }
             }

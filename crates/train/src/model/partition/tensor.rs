@@ -35,7 +35,7 @@ use super::link::{chunk, Link};
 use super::plan::{all_reduce_bytes, Direction, Exchange, HeldTensor, Pattern, WholeTensor};
 use super::{check_images, loss_and_grad, EVAL_CHUNK};
 use crate::data::Batch;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, PartitionError, Result};
 use crate::model::cpu_lenet::{bias_relu, mat, matmul, relu_mask};
 use crate::model::{Eval, Model, ModelKind, ParamTensor};
 
@@ -60,11 +60,11 @@ fn dims(arch: &Arch, i: usize) -> Result<(usize, usize)> {
         Op::Linear {
             fan_in, fan_out, ..
         } => Ok((fan_in, fan_out)),
-        _ => Err(Error::Config(format!(
-            "model {}: layer {} is not fully connected; the tensor split takes MLPs only \
-             (use the pipeline split)",
-            arch.kind, arch.layers[i].name
-        ))),
+        _ => Err(PartitionError::NotLinear {
+            model: arch.kind,
+            layer: arch.layers[i].name.clone(),
+        }
+        .into()),
     }
 }
 
@@ -83,12 +83,14 @@ pub(crate) fn held(
             let column = g.len() == 2 && pos == 0;
             let split = if column { fan_out } else { fan_in };
             if split < k {
-                return Err(Error::Config(format!(
-                    "model {}: layer {} has {split} {} to split over {k} partitions",
-                    arch.kind,
-                    arch.layers[i].name,
-                    if column { "units" } else { "inputs" }
-                )));
+                return Err(PartitionError::TooNarrow {
+                    model: arch.kind,
+                    layer: arch.layers[i].name.clone(),
+                    count: split,
+                    what: if column { "units" } else { "inputs" },
+                    partitions: k,
+                }
+                .into());
             }
             let c = chunk(split, k, p);
             if column {
@@ -375,7 +377,7 @@ impl Model for TensorMlp {
         let b = check_images(self.kind, batch, self.inputs, self.classes)?;
         let n = b.labels.len();
         if n == 0 {
-            return Err(Error::Config("empty training batch".into()));
+            return Err(ConfigError::EmptyBatch.into());
         }
         let mut w = std::mem::take(&mut self.work);
         self.load(&mut w, &b.pixels);
