@@ -60,6 +60,9 @@ from .ops import broadcast_, broadcast_object, broadcast_optimizer_state, broadc
 
 # Commits kept per rank: a rank that died between two commits leaves the others one apart.
 KEEP = 2
+# Re-forms in a row without a commit between them after which `run` gives up and raises the
+# error: a failure that is no peer's (a mismatched tensor) would otherwise repeat forever.
+FUTILE_REFORMS = 5
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -243,18 +246,24 @@ def run(func):
     ``hvd.elastic.run``): syncs ``state`` from rank 0, calls ``func``; on ``GradwireError``
     or :class:`HostsUpdatedInterrupt` re-forms the world, restores the newest common commit,
     and calls it again; tells the coordinator this member is done when ``func`` returns.
-    Without an elastic launcher it calls ``func`` once."""
+    After ``FUTILE_REFORMS`` re-forms in a row with no commit between them the error is
+    raised. Without an elastic launcher it calls ``func`` once."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         rt = _elastic_runtime()
         if rt is None:
             return func(state, *args, **kwargs)
+        futile, counter = 0, None
         while True:
             try:
                 state.sync()
                 result = func(state, *args, **kwargs)
             except (GradwireError, HostsUpdatedInterrupt):
+                futile = futile + 1 if state.commits == counter else 1
+                if futile > FUTILE_REFORMS:
+                    raise
+                counter = state.commits
                 _reform(state)
                 continue
             rt.done()
