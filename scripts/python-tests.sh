@@ -19,6 +19,12 @@ if ! "$VENV/bin/python" -c "import torch, pytest, maturin" 2>/dev/null; then
   # triton (~1 GB) serves only torch.compile.
   "$VENV/bin/python" -m pip uninstall -y -q triton >/dev/null 2>&1 || true
 fi
+# The elastic test starts jobs with `gradwire launch --elastic`: a built binary (the release
+# one, else the debug one `cargo test --workspace` leaves, else built here).
+if [ -z "${GRADWIRE_BIN:-}" ] && [ ! -x target/release/gradwire ] && [ ! -x target/debug/gradwire ]; then
+  log "cargo build -p gradwire (for gradwire launch)"
+  cargo build -q -p gradwire
+fi
 log "pip install ./python"
 "$VENV/bin/python" -m pip install -q ./python
 # From the repository root, so that `import gradwire` finds the installed package, not the

@@ -17,11 +17,16 @@ def free_port():
 
 
 def gradwire_bin():
-    """The `gradwire` binary (`GRADWIRE_BIN`, else the workspace's release build), or `None`
-    when it is not built (`cargo build --release -p gradwire`)."""
-    path = os.environ.get("GRADWIRE_BIN") or os.path.join(
-        HERE, "..", "..", "target", "release", "gradwire")
-    return path if os.access(path, os.X_OK) else None
+    """The `gradwire` binary: `GRADWIRE_BIN`, else the workspace's release build, else its
+    debug build (what `cargo test --workspace` leaves); `None` when none is built."""
+    env = os.environ.get("GRADWIRE_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    for profile in ("release", "debug"):
+        path = os.path.join(HERE, "..", "..", "target", profile, "gradwire")
+        if os.access(path, os.X_OK):
+            return path
+    return None
 
 
 class Job:

@@ -72,7 +72,8 @@ impl<'a> Reader<'a> {
 }
 
 impl Commit {
-    /// The commit as bytes (the [module doc](self) gives the layout).
+    /// The commit as bytes: `u64` checkpoint length, the checkpoint, a byte (1: an order
+    /// follows), then the order: `u64` start step, `u64` count, `u32` samples (little-endian).
     pub fn to_bytes(&self) -> Vec<u8> {
         let ckpt = self.checkpoint.to_bytes();
         let mut out = Vec::with_capacity(ckpt.len() + 32);

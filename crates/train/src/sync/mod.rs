@@ -14,7 +14,7 @@
 //!   servers instead of the trainer's optimizer; [`PsSync`].
 //!
 //! The trainer asks the accessor; where a capability a run needs is absent it returns
-//! [`Error::Unsupported`](crate::Error::Unsupported) naming it, and there is no method that
+//! [`Error::Unsupported`] naming it, and there is no method that
 //! a sync without the capability would have to answer with a run-time refusal.
 
 mod engine;
