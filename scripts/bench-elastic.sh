@@ -9,8 +9,9 @@
 #    prints them (its file written and fsynced, the barrier, the marker, the pruning), and
 #    as a share of the step (the epoch's training time without checkpoints over its steps).
 # 2. Elastic LeNet (--elastic 3:5, 4 workers, EPOCHS epochs): one worker SIGKILLed KILL_AFTER
-#    seconds into epoch 2, a fifth process started with `--join` once the 3 survivors train
-#    again; against the undisturbed 4-worker run: final accuracy, and each membership event
+#    seconds into epoch 2 (the 3 survivors finish it), a fifth process started with `--join`
+#    once epoch 2 is done; against the undisturbed 4-worker run: accuracy per epoch, and each
+#    membership event
 #    with its cost (seconds from detection to the new world and to training again, steps
 #    lost) from run.json's `membership`; plus the in-memory commit's cost per commit.
 #
@@ -65,8 +66,8 @@ sleep "$KILL_AFTER"
 VICTIM=$(pgrep -P $PARENT | sort -n | tail -1)
 echo "== SIGKILL worker $VICTIM in epoch 2" >&2
 kill -9 "$VICTIM"
-until grep -q "generation 1:" "$OUT/elastic.err"; do
-  kill -0 $PARENT 2>/dev/null || { echo "the elastic run ended before re-forming" >&2; exit 1; }
+until grep -q "generation 1:" "$OUT/elastic.err" && [ "$(wc -l < "$OUT/elastic/metrics.jsonl")" -ge 2 ]; do
+  kill -0 $PARENT 2>/dev/null || { echo "the elastic run ended before epoch 2 did" >&2; exit 1; }
   sleep 0.05
 done
 echo "== gradwire train --join $OUT/elastic" >&2
@@ -106,12 +107,13 @@ for tag, model in [("lenet", "lenet"), ("mlp", "mlp:hidden=2048x3")]:
 
 base, el = load("undisturbed"), load("elastic")
 acc = lambda r: r["epochs"][-1]["test_accuracy"]
-print(f"\nElastic LeNet, 4 workers, {len(base['epochs'])} epochs, one worker SIGKILLed in epoch 2, a fifth joining after:\n")
-print("| run | final accuracy | training time (s) |")
-print("|---|---|---|")
-for name, r in [("undisturbed, 4 workers", base), ("elastic: 4 -> 3 -> 4", el)]:
-    print(f"| {name} | {acc(r) * 100:.2f}% | {sum(train_s(e) for e in r['epochs']):.1f} |")
-print(f"\nAccuracy difference: {(acc(el) - acc(base)) * 100:+.2f} points.\n")
+print(f"\nElastic LeNet, 4 workers, {len(base['epochs'])} epochs, one worker SIGKILLed in epoch 2 (3 finish it), a fifth joining after it:\n")
+print("| run | " + " | ".join(f"epoch {e['epoch']}" for e in base["epochs"]) + " | training time (s) |")
+print("|---|" + "---|" * len(base["epochs"]) + "---|")
+for name, r in [("undisturbed, 4 workers", base), ("elastic: 4, then 3, then 4", el)]:
+    accs = " | ".join(f"{e['test_accuracy'] * 100:.2f}%" for e in r["epochs"])
+    print(f"| {name} | {accs} | {sum(train_s(e) for e in r['epochs']):.1f} |")
+print(f"\nFinal accuracy difference: {(acc(el) - acc(base)) * 100:+.2f} points.\n")
 print("| generation | event | world | lost ranks | joined | restored step | steps lost | detection to new world (s) | detection to training again (s) |")
 print("|---|---|---|---|---|---|---|---|---|")
 for e in el["membership"]:

@@ -1,6 +1,7 @@
 //! `gradwire train --elastic`, end to end with real processes: a 4-rank LeNet run loses a
-//! worker to SIGKILL in epoch 2, the others go on as 3 ranks from their last commit, then a
-//! fifth process started with `--join` is admitted at a commit; the run finishes every epoch
+//! worker to SIGKILL in epoch 2, the others go on as 3 ranks from their last commit and
+//! finish that epoch, then a fifth process started with `--join` is admitted at a commit in
+//! epoch 3; the run finishes every epoch
 //! within a point of an undisturbed run's accuracy, and run.json records each membership
 //! event with its cost. Every process is owned by a guard that kills it on drop (the
 //! workers die with their parent), so a failing test leaves nothing behind.
@@ -134,12 +135,18 @@ fn a_killed_worker_is_survived_and_a_joiner_is_admitted() {
     let workers = worker_pids(run.0.id());
     assert_eq!(workers.len(), 4, "4 worker processes: {workers:?}");
     sigkill(workers[3]);
-    // The survivors' new world announces itself; then a fifth process joins.
+    // The survivors' new world announces itself and finishes epoch 2; then a fifth process
+    // joins.
     let formed = rx
         .iter()
         .find(|l| l.contains("generation 1:"))
         .expect("no generation 1");
     assert!(formed.contains("3 worker(s)"), "{formed}");
+    let epoch2 = rx
+        .iter()
+        .find(|l| l.starts_with("epoch 2/3"))
+        .expect("no epoch 2");
+    assert!(epoch2.contains("3 ranks"), "{epoch2}");
     let mut joiner = Guard(
         gradwire()
             .arg("train")
