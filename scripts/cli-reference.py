@@ -14,7 +14,7 @@ SRC = Path("crates/cli/src")  # entries may point into another crate: ../../ps/s
 COMMANDS = [
     ("launch", "launch.rs", "LaunchArgs"),
     ("check", "check.rs", "CheckArgs"),
-    ("train", "train.rs", "TrainArgs"),
+    ("train", "train/args.rs", "TrainArgs"),
     ("report", "report.rs", "ReportArgs"),
     ("bench allreduce", "bench_allreduce.rs", "AllreduceBenchArgs"),
     ("bench codecs", "bench_codecs.rs", "CodecBenchArgs"),
