@@ -1,7 +1,6 @@
-//! Records the git revision the crate is built from (`GRADWIRE_GIT_REV`), for
-//! `report::Provenance::current`, so every run and benchmark says which code made it.
-//! Outside a git checkout the revision is `unknown`. The same script as `crates/cli/build.rs`
-//! (the CLI reads the revision for its own checkpoints): keep the two alike.
+//! Records the git revision the crate is built from (`GRADWIRE_GIT_REV`, exported as
+//! `gradwire_run::GIT_REV`), so every run record, benchmark and checkpoint says which code
+//! made it. Outside a git checkout the revision is `unknown`.
 
 use std::path::Path;
 use std::process::Command;

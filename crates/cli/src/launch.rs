@@ -410,26 +410,11 @@ impl Ranks {
     /// shared-memory files.
     pub fn wait(mut self) -> Result<Outcome> {
         let mut failure = None;
-        let mut running = self.children.len();
-        while running > 0 {
+        while failure.is_none() && self.children.iter().any(Option::is_some) {
             self.pass_on_signals();
-            for rank in 0..self.children.len() {
-                let Some(child) = self.children[rank].as_mut() else {
-                    continue;
-                };
-                if let Some(status) = child
-                    .try_wait()
-                    .with_context(|| format!("waiting for rank {rank}"))?
-                {
-                    self.children[rank] = None;
-                    running -= 1;
-                    if !status.success() && failure.is_none() {
-                        failure = Some((rank, status));
-                        self.stop_all();
-                        running = 0;
-                        break;
-                    }
-                }
+            failure = self.reap()?.into_iter().find(|(_, s)| !s.success());
+            if failure.is_some() {
+                self.stop_all();
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -447,17 +432,8 @@ impl Ranks {
         let mut done: Vec<Option<ExitStatus>> = vec![None; self.children.len()];
         while done.iter().any(Option::is_none) {
             self.pass_on_signals();
-            for (rank, slot) in self.children.iter_mut().enumerate() {
-                let Some(child) = slot.as_mut() else {
-                    continue;
-                };
-                if let Some(status) = child
-                    .try_wait()
-                    .with_context(|| format!("waiting for rank {rank}"))?
-                {
-                    done[rank] = Some(status);
-                    *slot = None;
-                }
+            for (rank, status) in self.reap()? {
+                done[rank] = Some(status);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -474,21 +450,9 @@ impl Ranks {
         mut self,
         outcome: impl Fn(Duration) -> Option<std::result::Result<(), String>>,
     ) -> Result<std::result::Result<(), String>> {
-        let mut done: Vec<Option<ExitStatus>> = vec![None; self.children.len()];
         let result = loop {
             self.pass_on_signals();
-            for (i, slot) in self.children.iter_mut().enumerate() {
-                let Some(child) = slot.as_mut() else {
-                    continue;
-                };
-                if let Some(status) = child
-                    .try_wait()
-                    .with_context(|| format!("waiting for worker {i}"))?
-                {
-                    done[i] = Some(status);
-                    *slot = None;
-                }
-            }
+            self.reap()?;
             if let Some(sig) = self.forwarded.map(|(sig, _)| sig) {
                 if self.children.iter().all(Option::is_none) {
                     break Err(format!("stopped by signal {sig}"));
@@ -499,24 +463,36 @@ impl Ranks {
             }
         };
         let grace = Instant::now() + GRACE;
-        for (i, slot) in self.children.iter_mut().enumerate() {
-            if let Some(c) = slot.as_mut() {
-                while Instant::now() < grace {
-                    if let Ok(Some(status)) = c.try_wait() {
-                        done[i] = Some(status);
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                if done[i].is_none() {
-                    signal_group(c, libc::SIGKILL);
-                    let _ = c.wait();
-                }
-            }
-            *slot = None;
+        while self.children.iter().any(Option::is_some) && Instant::now() < grace {
+            self.reap()?;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for c in self.children.iter_mut().filter_map(Option::take) {
+            let mut c = c;
+            signal_group(&c, libc::SIGKILL);
+            let _ = c.wait();
         }
         self.finish();
         Ok(result)
+    }
+
+    /// The ranks that have exited since the last call, with their statuses (their slots
+    /// emptied).
+    fn reap(&mut self) -> Result<Vec<(usize, ExitStatus)>> {
+        let mut out = Vec::new();
+        for (rank, slot) in self.children.iter_mut().enumerate() {
+            let Some(child) = slot.as_mut() else {
+                continue;
+            };
+            if let Some(status) = child
+                .try_wait()
+                .with_context(|| format!("waiting for rank {rank}"))?
+            {
+                out.push((rank, status));
+                *slot = None;
+            }
+        }
+        Ok(out)
     }
 
     /// Passes a SIGTERM or SIGINT this process got on to every rank still running; SIGKILLs

@@ -50,7 +50,7 @@ pub fn software() -> String {
     format!(
         "gradwire {} ({})",
         env!("CARGO_PKG_VERSION"),
-        env!("GRADWIRE_GIT_REV")
+        gradwire_run::GIT_REV
     )
 }
 

@@ -10,6 +10,8 @@
 //! Fashion-MNIST: they skip with a message when it is absent, and fail instead under
 //! `GRADWIRE_REQUIRE_DATA=1`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -56,12 +58,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn kill(pid: u32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) with SIGKILL on a pid this test started (directly or through the
-    // train parent it owns).
-    unsafe { kill(pid as i32, 9) };
+    common::sigkill(pid);
 }
 
 /// Runs a command to completion within `limit` (killed and failed past it).
@@ -86,30 +83,10 @@ fn output_within(cmd: &mut Command, limit: Duration) -> Output {
 
 /// The train parent's worker processes (its children with GRADWIRE_RANK set).
 fn worker_pids(parent: u32) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Field 4 (after the parenthesised command) is the parent pid.
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        if ppid == Some(parent)
-            && env
-                .split(|b| *b == 0)
-                .any(|v| v.starts_with(b"GRADWIRE_RANK="))
-        {
-            pids.push(pid);
-        }
-    }
-    pids
+    common::children_with_env(parent, "GRADWIRE_RANK")
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// `train` flags of a short 4-rank LeNet run: 3 epochs of 16 steps.

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{fashion_mnist, gradwire, output_of, scratch, Guard};
+use common::{children_with_env, fashion_mnist, gradwire, output_of, scratch, sigkill, Guard};
 use serde_json::Value;
 
 const FLAGS: [&str; 8] = [
@@ -27,42 +27,13 @@ const FLAGS: [&str; 8] = [
     "--seed",
 ];
 
-/// The processes whose parent is `parent` and whose environment names an elastic
-/// coordinator: the run's workers.
+/// The run's workers: the parent's children whose environment names an elastic
+/// coordinator.
 fn worker_pids(parent: u32) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Field 4 (after the parenthesised command) is the parent pid.
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        if ppid == Some(parent)
-            && env
-                .split(|b| *b == 0)
-                .any(|v| v.starts_with(b"GRADWIRE_ELASTIC="))
-        {
-            pids.push(pid);
-        }
-    }
-    pids.sort_unstable();
-    pids
-}
-
-fn sigkill(pid: u32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) with SIGKILL on a worker of a run this test started.
-    unsafe { kill(pid as i32, 9) };
+    children_with_env(parent, "GRADWIRE_ELASTIC")
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 fn final_accuracy(run: &Value) -> f64 {

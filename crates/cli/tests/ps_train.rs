@@ -8,6 +8,8 @@
 //! leaves nothing behind. Tests that need Fashion-MNIST skip with a message when it is
 //! absent, and fail instead under `GRADWIRE_REQUIRE_DATA=1` (as CI sets).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -77,12 +79,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
 }
 
 fn kill(pid: u32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) with SIGKILL on a pid this test started (directly or through the
-    // train parent it owns).
-    unsafe { kill(pid as i32, 9) };
+    common::sigkill(pid);
 }
 
 fn read_f32s(path: &Path) -> Vec<f32> {
@@ -161,29 +158,10 @@ fn ps_sync_sgd_reaches_the_parameters_of_all_reduce_sgd() {
 
 /// The pid of the train parent's worker `rank` (its child with GRADWIRE_RANK=rank).
 fn worker_pid(parent: u32, rank: usize) -> Option<u32> {
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Field 4 (after the parenthesised command) is the parent pid.
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(parent) {
-            continue;
-        }
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let want = format!("GRADWIRE_RANK={rank}");
-        if env.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
+    common::children_with_env(parent, "GRADWIRE_RANK")
+        .into_iter()
+        .find(|(_, r)| *r == rank.to_string())
+        .map(|(pid, _)| pid)
 }
 
 /// A `train` run in the background: stdout's lines as they come, stderr once it ends; killed

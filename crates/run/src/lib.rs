@@ -14,6 +14,10 @@
 //!   and where gradient clipping happens.
 #![deny(missing_docs)]
 
+/// The git revision this build was made from (`-dirty` with uncommitted changes; `unknown`
+/// outside a checkout), from `build.rs`: what every run record and checkpoint names.
+pub const GIT_REV: &str = env!("GRADWIRE_GIT_REV");
+
 pub mod elastic;
 pub mod join;
 pub mod report;

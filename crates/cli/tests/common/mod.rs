@@ -1,6 +1,8 @@
-//! Helpers shared by the model-parallel end-to-end tests: the binary, a guard that kills a
-//! child on drop, the data folder (skip with a message, or fail under
-//! `GRADWIRE_REQUIRE_DATA=1`), scratch folders, a bounded run, and the parameter comparison.
+//! Helpers shared by the CLI's end-to-end tests: the binary, a guard that kills a child on
+//! drop, the data folder (skip with a message, or fail under `GRADWIRE_REQUIRE_DATA=1`),
+//! scratch folders, a bounded run, the parameter comparison, and finding and killing a
+//! parent's worker processes. Each test binary uses a part of them.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -64,7 +66,6 @@ pub fn output_of(cmd: &mut Command, limit: Duration) -> Output {
 }
 
 /// The largest difference between `a` and `b` relative to the largest magnitude in `a`.
-#[allow(dead_code)] // used by the model-parallel tests, not by every test binary
 pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "parameter counts");
     let scale = a.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
@@ -73,4 +74,46 @@ pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
         .zip(b)
         .fold(0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
     diff / scale.max(1e-12)
+}
+
+/// The children of `parent` whose environment sets `var`, with its value, by pid.
+pub fn children_with_env(parent: u32, var: &str) -> Vec<(u32, String)> {
+    let prefix = format!("{var}=");
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Field 4 (after the parenthesised command) is the parent pid.
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if let Some(v) = env
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(prefix.as_bytes()))
+        {
+            found.push((pid, String::from_utf8_lossy(v).into_owned()));
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+/// SIGKILLs `pid`.
+pub fn sigkill(pid: u32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: kill(2) with SIGKILL on a process the calling test started (directly or
+    // through a parent it owns).
+    unsafe { kill(pid as i32, 9) };
 }

@@ -155,7 +155,7 @@ impl Provenance {
     pub fn current() -> Provenance {
         Provenance {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            git_rev: env!("GRADWIRE_GIT_REV").to_string(),
+            git_rev: crate::GIT_REV.to_string(),
             command: std::env::args()
                 .map(|a| {
                     if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'') {
