@@ -10,10 +10,10 @@
 #    as a share of the step (the epoch's training time without checkpoints over its steps).
 # 2. Elastic LeNet (--elastic 3:5, 4 workers, EPOCHS epochs): one worker SIGKILLed KILL_AFTER
 #    seconds into epoch 2 (the 3 survivors finish it), a fifth process started with `--join`
-#    once epoch 2 is done; against the undisturbed 4-worker run: accuracy per epoch, and each
-#    membership event
+#    once epoch 2 is done; and the same kill without a joiner (the 3 survivors finish every
+#    epoch). Against the undisturbed 4-worker run: accuracy per epoch, each membership event
 #    with its cost (seconds from detection to the new world and to training again, steps
-#    lost) from run.json's `membership`; plus the in-memory commit's cost per commit.
+#    lost) from run.json's `membership`, and the in-memory commit's cost per commit.
 #
 # Prints a markdown table with the revision, the date and the command. Run folders stay in
 # OUT. Overrides: OUT, G (a built gradwire binary: no build), EPOCHS (3), KILL_AFTER (2),
@@ -53,12 +53,18 @@ done
 
 EL=(--model lenet --workers 4 --epochs "$EPOCHS" --seed 42 ${LIMIT[@]+"${LIMIT[@]}"})
 run undisturbed "${EL[@]}"
-echo "== elastic: gradwire train ${EL[*]} --elastic 3:5 (kill, then join)" >&2
-"$G" train --quiet --dataset fashion-mnist --data="$DATA" --out="$OUT/elastic" "${EL[@]}" \
-  --elastic 3:5 > "$OUT/elastic.jsonl" 2> "$OUT/elastic.err" &
+
+# elastic NAME JOIN: the elastic run, a worker SIGKILLed KILL_AFTER s into epoch 2, and with
+# JOIN=1 a fifth process joining once epoch 2 is done.
+elastic() {
+local name=$1 join=$2
+echo "== $name: gradwire train ${EL[*]} --elastic 3:5 (kill${join:+, then join})" >&2
+"$G" train --quiet --dataset fashion-mnist --data="$DATA" --out="$OUT/$name" "${EL[@]}" \
+  --elastic 3:5 > "$OUT/$name.jsonl" 2> "$OUT/$name.err" &
 PARENT=$!
-trap 'kill $PARENT 2>/dev/null || true; kill ${JOINER:-} 2>/dev/null || true' EXIT
-until [ -s "$OUT/elastic/metrics.jsonl" ]; do
+JOINER=
+trap 'kill $PARENT 2>/dev/null || true; [ -z "$JOINER" ] || kill $JOINER 2>/dev/null || true' EXIT
+until [ -s "$OUT/$name/metrics.jsonl" ]; do
   kill -0 $PARENT 2>/dev/null || { echo "the elastic run ended early" >&2; exit 1; }
   sleep 0.05
 done
@@ -66,16 +72,21 @@ sleep "$KILL_AFTER"
 VICTIM=$(pgrep -P $PARENT | sort -n | tail -1)
 echo "== SIGKILL worker $VICTIM in epoch 2" >&2
 kill -9 "$VICTIM"
-until grep -q "generation 1:" "$OUT/elastic.err" && [ "$(wc -l < "$OUT/elastic/metrics.jsonl")" -ge 2 ]; do
-  kill -0 $PARENT 2>/dev/null || { echo "the elastic run ended before epoch 2 did" >&2; exit 1; }
-  sleep 0.05
-done
-echo "== gradwire train --join $OUT/elastic" >&2
-"$G" train --join "$OUT/elastic" > /dev/null 2> "$OUT/joiner.err" &
-JOINER=$!
-wait $PARENT || { echo "the elastic run failed; see $OUT/elastic.err" >&2; exit 1; }
-wait $JOINER || { echo "the joiner failed; see $OUT/joiner.err" >&2; exit 1; }
+if [ -n "$join" ]; then
+  until grep -q "generation 1:" "$OUT/$name.err" && [ "$(wc -l < "$OUT/$name/metrics.jsonl")" -ge 2 ]; do
+    kill -0 $PARENT 2>/dev/null || { echo "the elastic run ended before epoch 2 did" >&2; exit 1; }
+    sleep 0.05
+  done
+  echo "== gradwire train --join $OUT/$name" >&2
+  "$G" train --join "$OUT/$name" > /dev/null 2> "$OUT/$name-joiner.err" &
+  JOINER=$!
+fi
+wait $PARENT || { echo "the elastic run failed; see $OUT/$name.err" >&2; exit 1; }
+[ -z "$JOINER" ] || wait $JOINER || { echo "the joiner failed; see $OUT/$name-joiner.err" >&2; exit 1; }
 trap - EXIT
+}
+elastic lost ""
+elastic elastic 1
 
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo "-dirty")
 /usr/bin/env python3 - "$OUT" "$REV" "$CMD" <<'EOF'
@@ -105,20 +116,22 @@ for tag, model in [("lenet", "lenet"), ("mlp", "mlp:hidden=2048x3")]:
     size = os.path.getsize(files[0]) / 1e6 if files else float("nan")
     print(f"| `{model}` | {size:.1f} MB | {ck:.1f} | {step_ms:.1f} | {ck / step_ms:.2f} steps |")
 
-base, el = load("undisturbed"), load("elastic")
+base, el, lost = load("undisturbed"), load("elastic"), load("lost")
 acc = lambda r: r["epochs"][-1]["test_accuracy"]
-print(f"\nElastic LeNet, 4 workers, {len(base['epochs'])} epochs, one worker SIGKILLed in epoch 2 (3 finish it), a fifth joining after it:\n")
+print(f"\nElastic LeNet, 4 workers, {len(base['epochs'])} epochs, one worker SIGKILLed in epoch 2; in the second elastic run a fifth joins after epoch 2:\n")
 print("| run | " + " | ".join(f"epoch {e['epoch']}" for e in base["epochs"]) + " | training time (s) |")
 print("|---|" + "---|" * len(base["epochs"]) + "---|")
-for name, r in [("undisturbed, 4 workers", base), ("elastic: 4, then 3, then 4", el)]:
+for name, r in [("undisturbed, 4 workers", base), ("a worker lost in epoch 2: 4, then 3", lost),
+                ("lost, then a fifth joining after epoch 2: 4, then 3, then 4", el)]:
     accs = " | ".join(f"{e['test_accuracy'] * 100:.2f}%" for e in r["epochs"])
     print(f"| {name} | {accs} | {sum(train_s(e) for e in r['epochs']):.1f} |")
-print(f"\nFinal accuracy difference: {(acc(el) - acc(base)) * 100:+.2f} points.\n")
-print("| generation | event | world | lost ranks | joined | restored step | steps lost | detection to new world (s) | detection to training again (s) |")
-print("|---|---|---|---|---|---|---|---|---|")
-for e in el["membership"]:
+print(f"\nFinal accuracy against undisturbed: lost {(acc(lost) - acc(base)) * 100:+.2f} points, "
+      f"lost then joined {(acc(el) - acc(base)) * 100:+.2f} points.\n")
+print("| run | generation | event | world | lost ranks | joined | restored step | steps lost | detection to new world (s) | detection to training again (s) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for run_name, e in [("lost", e) for e in lost["membership"][1:]] + [("lost, joined", e) for e in el["membership"][1:]]:
     f = lambda v: "-" if v is None else f"{v:.2f}"
-    print(f"| {e['generation']} | {e['kind']} | {e['world_size_before']} -> {e['world_size_after']} | "
+    print(f"| {run_name} | {e['generation']} | {e['kind']} | {e['world_size_before']} -> {e['world_size_after']} | "
           f"{e['lost_ranks']} | {e['joined']} | {e['restore_step'] if e['restore_step'] is not None else '-'} | "
           f"{e['steps_lost']} | {f(e.get('detect_to_world_s'))} | {f(e.get('detect_to_training_s'))} |")
 m = re.findall(r"([0-9]+) commit\(s\), ([0-9.]+) ms each", err("elastic"))
