@@ -21,7 +21,7 @@ COMMANDS = [
     ("bench engine", "bench_engine.rs", "EngineBenchArgs"),
     ("bench ps", "bench_ps.rs", "PsBenchArgs"),
     ("ps serve", "../../ps/src/serve.rs", "ServeArgs"),
-    ("simulate", "simulate.rs", "SimulateArgs"),
+    ("simulate", "simulate/args.rs", "SimulateArgs"),
 ]
 FLATTEN = {
     "crate::train_ps::PsArgs": ("train_ps.rs", "PsArgs"),
