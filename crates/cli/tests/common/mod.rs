@@ -1,11 +1,15 @@
 //! Helpers shared by the CLI's end-to-end tests: the binary, a guard that kills a child on
 //! drop, the data folder (skip with a message, or fail under `GRADWIRE_REQUIRE_DATA=1`),
 //! scratch folders, a bounded run, the parameter comparison, and finding and killing a
-//! parent's worker processes. Each test binary uses a part of them.
+//! parent's worker processes; for the rank-level tests a guard over several children, a free
+//! port, a rank's rendezvous environment, and a bounded run that returns the JSON it wrote.
+//! Each test binary uses a part of them.
 #![allow(dead_code)]
 
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub fn gradwire() -> Command {
@@ -116,4 +120,67 @@ pub fn sigkill(pid: u32) {
     // SAFETY: kill(2) with SIGKILL on a process the calling test started (directly or
     // through a parent it owns).
     unsafe { kill(pid as i32, 9) };
+}
+
+/// Children killed on drop.
+pub struct Procs(pub Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A port free on 127.0.0.1 a moment ago (for a rank 0 to listen on).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs a command with a hard deadline; kills it and fails the test past the deadline.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            sigkill(id);
+            panic!("command did not finish within {limit:?}");
+        }
+    }
+}
+
+/// Runs `cmd` (which writes JSON to `json`) within `limit`, asserts it succeeded, and returns
+/// the JSON it wrote.
+pub fn run_json(cmd: Command, limit: Duration, json: &std::path::Path) -> serde_json::Value {
+    let out = output_within(cmd, limit);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+/// Sets the rendezvous environment of rank `rank` of `n` (rank 0 on 127.0.0.1:`port`).
+pub fn rank_env(cmd: &mut Command, rank: usize, n: usize, port: u16, token: &str) {
+    cmd.env("GRADWIRE_RANK", rank.to_string())
+        .env("GRADWIRE_WORLD_SIZE", n.to_string())
+        .env("GRADWIRE_MASTER_ADDR", "127.0.0.1")
+        .env("GRADWIRE_MASTER_PORT", port.to_string())
+        .env("GRADWIRE_TOKEN", token);
 }
