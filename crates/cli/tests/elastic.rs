@@ -1,9 +1,9 @@
 //! `gradwire train --elastic`, end to end with real processes: a 4-rank LeNet run loses a
 //! worker to SIGKILL in epoch 2, the others go on as 3 ranks from their last commit and
 //! finish that epoch, then a fifth process started with `--join` is admitted at a commit in
-//! epoch 3; the run finishes every epoch
-//! within a point of an undisturbed run's accuracy, and run.json records each membership
-//! event with its cost. Every process is owned by a guard that kills it on drop (the
+//! epoch 3; the run finishes every epoch within a point and a half of an undisturbed run's
+//! accuracy (the spread of undisturbed runs over seeds), and run.json records each
+//! membership event with its cost. Every process is owned by a guard that kills it on drop (the
 //! workers die with their parent), so a failing test leaves nothing behind.
 
 mod common;
@@ -168,8 +168,10 @@ fn a_killed_worker_is_survived_and_a_joiner_is_admitted() {
         final_accuracy(&run),
         final_accuracy(&read_json(&reference.join("run.json"))),
     );
+    // Where the kill lands (timing) changes the trajectory: undisturbed runs of the full job
+    // spread 1.25 points over seeds (docs/results/elastic.md), hence a point and a half.
     assert!(
-        (a - b).abs() <= 0.01,
+        (a - b).abs() <= 0.015,
         "elastic {a:.4} against undisturbed {b:.4}"
     );
     let _ = std::fs::remove_dir_all(&dir);
