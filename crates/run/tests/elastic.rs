@@ -363,7 +363,7 @@ fn generation_zero_forms_with_those_waiting_at_the_start_timeout_if_at_least_min
 fn the_config_is_checked_and_dropping_a_coordinator_closes_its_members() {
     for (min, max, initial) in [(0, 2, 1), (2, 4, 1), (1, 2, 3)] {
         let r = Coordinator::start(CoordinatorConfig::new(min, max, initial, TOKEN, "j"));
-        assert!(matches!(r, Err(ElasticError::Config(_))));
+        assert!(matches!(r, Err(ElasticError::Sizes { .. })));
     }
     let c = Coordinator::start(config(1, 2, 1)).unwrap();
     let mut ms = start_members(c.addr(), 1);
@@ -379,7 +379,7 @@ fn from_env_reads_the_address_and_the_token() {
     std::env::set_var(ENV_ELASTIC, "not an address");
     assert!(matches!(
         Member::from_env(WAIT),
-        Err(ElasticError::Config(_))
+        Err(ElasticError::Address { .. })
     ));
     let c = Coordinator::start(config(1, 1, 1)).unwrap();
     std::env::set_var(ENV_ELASTIC, c.addr().to_string());

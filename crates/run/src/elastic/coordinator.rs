@@ -83,16 +83,14 @@ impl CoordinatorConfig {
 
     fn validate(&self) -> Result<(), ElasticError> {
         if !(1 <= self.min && self.min <= self.initial && self.initial <= self.max) {
-            return Err(ElasticError::Config(format!(
-                "need 1 <= min <= initial <= max, got min {}, initial {}, max {}",
-                self.min, self.initial, self.max
-            )));
+            return Err(ElasticError::Sizes {
+                min: self.min,
+                initial: self.initial,
+                max: self.max,
+            });
         }
         if u32::try_from(self.max).is_err() {
-            return Err(ElasticError::Config(format!(
-                "max {} does not fit a rank",
-                self.max
-            )));
+            return Err(ElasticError::TooMany { max: self.max });
         }
         Ok(())
     }
@@ -399,7 +397,10 @@ mod tests {
         assert!(ok.validate().is_ok());
         for (min, max, initial) in [(0, 3, 2), (3, 3, 2), (1, 2, 3), (2, 1, 1)] {
             let c = CoordinatorConfig::new(min, max, initial, "t", "j");
-            assert!(matches!(c.validate(), Err(ElasticError::Config(_))));
+            assert!(matches!(
+                c.validate(),
+                Err(ElasticError::Sizes { .. } | ElasticError::TooMany { .. })
+            ));
         }
     }
 }

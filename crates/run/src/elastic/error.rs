@@ -9,9 +9,32 @@ use super::message::MessageError;
 /// Why an elastic operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ElasticError {
-    /// The configuration or the environment is invalid; the text says what to change.
-    #[error("elastic configuration: {0}")]
-    Config(String),
+    /// The world sizes are out of order (`1 <= min <= initial <= max` must hold).
+    #[error("elastic configuration: need 1 <= min <= initial <= max, got min {min}, initial {initial}, max {max}")]
+    Sizes {
+        /// The fewest members.
+        min: usize,
+        /// The members the first generation waits for.
+        initial: usize,
+        /// The most members.
+        max: usize,
+    },
+    /// `max` does not fit a rank (`u32`).
+    #[error("elastic configuration: max {max} does not fit a rank")]
+    TooMany {
+        /// The most members asked for.
+        max: usize,
+    },
+    /// `GRADWIRE_ELASTIC` does not name a coordinator's address.
+    #[error("{var}={value:?}: {reason}")]
+    Address {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it names no address.
+        reason: String,
+    },
     /// A socket failed (binding, connecting, writing).
     #[error("elastic i/o: {0}")]
     Io(#[from] io::Error),

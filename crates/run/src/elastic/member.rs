@@ -120,10 +120,16 @@ impl Member {
         let resolved = addr
             .trim()
             .to_socket_addrs()
-            .map_err(|e| ElasticError::Config(format!("{ENV_ELASTIC}={addr:?}: {e}")))?
+            .map_err(|e| ElasticError::Address {
+                var: ENV_ELASTIC,
+                value: addr.clone(),
+                reason: e.to_string(),
+            })?
             .next()
-            .ok_or_else(|| {
-                ElasticError::Config(format!("{ENV_ELASTIC}={addr:?} names no address"))
+            .ok_or_else(|| ElasticError::Address {
+                var: ENV_ELASTIC,
+                value: addr.clone(),
+                reason: "names no address".into(),
             })?;
         let token = std::env::var(ENV_TOKEN).unwrap_or_default();
         Member::connect(resolved, &token, deadline).map(Some)
