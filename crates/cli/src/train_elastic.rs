@@ -48,7 +48,7 @@ use gradwire_transport::tcp::{Tcp, TcpConfig};
 use crate::launch::RankSpec;
 use crate::launch_elastic::{membership_json, transport_timeout, ElasticJob};
 use crate::plot::human_bytes;
-use crate::records::{append_jsonl, RunRecord};
+use crate::records::append_jsonl;
 use crate::train::{progress_bar, record, write_run, Plan};
 
 /// Steps between commits when `--commit-every` is not given.
@@ -414,7 +414,7 @@ fn generation(
     kept.push(trainer.commit()?);
     let mut run = plan.run_record(size, trainer.steps_per_epoch(data.train.len()));
     if reporting {
-        start_metrics(plan, &mut run, world.generation, trainer.epoch())?;
+        start_metrics(plan, world.generation, trainer.epoch())?;
         eprintln!(
             "gradwire train: generation {}: {size} worker(s){}, codec {}, {} epochs, batch {} per worker",
             world.generation,
@@ -532,7 +532,7 @@ fn generation(
 /// Rank 0 of a generation: starts metrics.jsonl afresh in generation 0; later, keeps the
 /// lines of the epochs finished before the one being run (an epoch re-run after a restore
 /// replaces its line).
-fn start_metrics(plan: &Plan, _run: &mut RunRecord, generation: u64, epoch: u64) -> Result<()> {
+fn start_metrics(plan: &Plan, generation: u64, epoch: u64) -> Result<()> {
     std::fs::create_dir_all(&plan.out)
         .with_context(|| format!("creating {}", plan.out.display()))?;
     let path = plan.out.join("metrics.jsonl");
