@@ -127,7 +127,7 @@ const MAX_SAMPLES: usize = 1 << 18;
 
 /// Threshold estimation from a sample of keys, with successively lower fallbacks.
 ///
-/// [`ThresholdEstimate::first`] samples on the CPU; an encoder whose values live elsewhere
+/// `ThresholdEstimate::first` samples on the CPU; an encoder whose values live elsewhere
 /// (the GPU codecs) draws the same positions with [`ThresholdEstimate::sample_runs`],
 /// gathers their keys itself and hands them to [`ThresholdEstimate::first_from_keys`].
 #[derive(Debug, Default, Clone)]
