@@ -12,73 +12,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use common::{fashion_mnist, gradwire, output_of, scratch, Guard};
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn gradwire() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gradwire"))
-}
-
-/// A child killed on drop.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn data_dir() -> PathBuf {
-    std::env::var_os("GRADWIRE_DATA").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
-        Into::into,
-    )
-}
-
-/// Fashion-MNIST's folder, or `None` (with a SKIPPED line) when it is not fetched.
-fn fashion_mnist() -> Option<PathBuf> {
-    let d = data_dir();
-    if d.join("fashion-mnist/train-images-idx3-ubyte.gz").exists() {
-        return Some(d);
-    }
-    if std::env::var("GRADWIRE_REQUIRE_DATA").is_ok_and(|v| v == "1") {
-        panic!("fashion-mnist required (GRADWIRE_REQUIRE_DATA=1) but not in {d:?}");
-    }
-    eprintln!("SKIPPED: fashion-mnist not in {d:?}; run scripts/fetch-data.sh");
-    None
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradwire-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn kill(pid: u32) {
     common::sigkill(pid);
-}
-
-/// Runs a command to completion within `limit` (killed and failed past it).
-fn output_within(cmd: &mut Command, limit: Duration) -> Output {
-    let mut g = Guard(
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let t0 = Instant::now();
-    while g.0.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < limit,
-            "command did not finish within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let child = std::mem::replace(&mut g.0, Command::new("true").spawn().unwrap());
-    child.wait_with_output().unwrap()
 }
 
 /// The train parent's worker processes (its children with GRADWIRE_RANK set).
@@ -118,7 +59,7 @@ fn train(data: &Path, out: &Path, params: &Path, codec: &str, extra: &[&str]) ->
 }
 
 fn succeed(cmd: &mut Command) -> String {
-    let out = output_within(cmd, Duration::from_secs(120));
+    let out = output_of(cmd, Duration::from_secs(120));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{err}");
     err
@@ -272,7 +213,7 @@ fn damaged_and_foreign_checkpoints_are_refused_by_name() {
         .arg(format!("--data={}", data.display()))
         .arg(format!("--out={}", out.display()))
         .args(extra);
-        output_within(&mut cmd, Duration::from_secs(60))
+        output_of(&mut cmd, Duration::from_secs(60))
     };
     assert!(run(&[]).status.success());
     let file = out.join("checkpoints/step-6.rank0.ckpt");

@@ -10,73 +10,13 @@
 
 mod common;
 
+use common::{fashion_mnist, gradwire, output_within, scratch, Guard};
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn gradwire() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gradwire"))
-}
-
-/// A child killed on drop.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn data_dir() -> PathBuf {
-    std::env::var_os("GRADWIRE_DATA").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"),
-        Into::into,
-    )
-}
-
-/// Fashion-MNIST's folder, or `None` (with a SKIPPED line) when it is not fetched.
-fn fashion_mnist() -> Option<PathBuf> {
-    let d = data_dir();
-    if d.join("fashion-mnist/train-images-idx3-ubyte.gz").exists() {
-        return Some(d);
-    }
-    if std::env::var("GRADWIRE_REQUIRE_DATA").is_ok_and(|v| v == "1") {
-        panic!("fashion-mnist required (GRADWIRE_REQUIRE_DATA=1) but not in {d:?}");
-    }
-    eprintln!("SKIPPED: fashion-mnist not in {d:?}; run scripts/fetch-data.sh");
-    None
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradwire-ps-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Runs a command to completion within `limit` (killed and failed past it).
-fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            kill(pid);
-            panic!("command did not finish within {limit:?}");
-        }
-    }
-}
 
 fn kill(pid: u32) {
     common::sigkill(pid);

@@ -9,7 +9,6 @@
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub fn gradwire() -> Command {
@@ -43,7 +42,7 @@ pub fn fashion_mnist() -> Option<PathBuf> {
 }
 
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gradwire-mp-{name}-{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("gradwire-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -143,25 +142,9 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Runs a command with a hard deadline; kills it and fails the test past the deadline.
+/// [`output_of`] for a command given by value.
 pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let id = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            sigkill(id);
-            panic!("command did not finish within {limit:?}");
-        }
-    }
+    output_of(&mut cmd, limit)
 }
 
 /// Runs `cmd` (which writes JSON to `json`) within `limit`, asserts it succeeded, and returns
