@@ -51,6 +51,9 @@ use crate::plot::human_bytes;
 use crate::records::append_jsonl;
 use crate::train::{progress_bar, record, write_run, Plan};
 
+/// Re-forms in a row without a training step after which a worker gives up.
+const MAX_IDLE_REFORMS: u32 = 5;
+
 /// Steps between commits when `--commit-every` is not given.
 pub const DEFAULT_COMMIT_EVERY: u64 = 10;
 
@@ -306,7 +309,11 @@ pub fn run_member(
     // The longest a world may take to form: survivors awaited, then joiners awaited.
     let wait =
         3 * (transport_timeout() + crate::launch_elastic::EVICT_MARGIN) + Duration::from_secs(120);
+    // Re-forms in a row without a step taken: a failure the peers did not cause (one that
+    // recurs in every world) ends the worker instead of looping.
+    let mut idle_reforms = 0;
     loop {
+        let before = kept.reached;
         let world = member
             .next_world(&kept.steps(), kept.reached, wait)
             .context("asking the elastic coordinator for the next world")?;
@@ -328,7 +335,12 @@ pub fn run_member(
                 return Ok(());
             }
             Ok(End::Grow) => continue,
-            Err(e) if peer_failure(&e) => {
+            Err(e) if peer_failure(&e) && idle_reforms < MAX_IDLE_REFORMS => {
+                idle_reforms = if kept.reached > before {
+                    0
+                } else {
+                    idle_reforms + 1
+                };
                 eprintln!(
                     "gradwire train: generation {} rank {}: {}; re-forming the world",
                     world.generation,

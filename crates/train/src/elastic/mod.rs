@@ -22,7 +22,7 @@ mod commit;
 
 pub use commit::{fuzz_commit, Commit, CommitFormatError, EpochOrder};
 
-use crate::data::shard_indices;
+use crate::data::{epoch_permutation, shard_len};
 use crate::error::{Error, Result};
 
 /// The samples of the epoch no rank had taken after `step` steps of it in a world of
@@ -40,15 +40,23 @@ pub fn remaining_samples(
     order: Option<&EpochOrder>,
 ) -> Result<Option<EpochOrder>> {
     let world = world.max(1);
+    // The epoch's permutation (without an order), drawn once for every old rank's shard.
+    let perm = match order {
+        None => epoch_permutation(n, seed, epoch),
+        Some(_) => Vec::new(),
+    };
     let shard_of = |r: usize| -> Vec<usize> {
         match order {
-            None => shard_indices(n, world, r, seed, epoch),
             Some(o) => {
                 let per = o.samples.len() / world;
                 o.samples[r * per..(r + 1) * per]
                     .iter()
                     .map(|&s| s as usize)
                     .collect()
+            }
+            None => {
+                let per = shard_len(n, world);
+                perm[r * per..(r + 1) * per].to_vec()
             }
         }
     };
