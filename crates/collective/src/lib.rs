@@ -34,6 +34,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod broadcast;
 pub mod chunks;
 pub mod compressed;
