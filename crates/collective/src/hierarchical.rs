@@ -105,7 +105,7 @@ pub fn exchange_layout<T: Transport + ?Sized>(t: &mut T, host: &str) -> Result<L
 
 /// The layout from every rank's host-name bytes as received (untrusted: a name longer than
 /// [`MAX_HOST_NAME`] or not UTF-8 is refused, naming the rank).
-fn layout_from_gathered(all: Vec<Vec<u8>>) -> Result<Layout> {
+pub(crate) fn layout_from_gathered(all: Vec<Vec<u8>>) -> Result<Layout> {
     let mut names = Vec::with_capacity(all.len());
     for (peer, b) in all.into_iter().enumerate() {
         if b.len() > MAX_HOST_NAME {
@@ -124,7 +124,7 @@ fn layout_from_gathered(all: Vec<Vec<u8>>) -> Result<Layout> {
 
 /// Fuzz entry (cargo-fuzz target `host_layout`): `data` split at zero bytes is every rank's
 /// host name as received; a layout that decodes must place every rank exactly once.
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(fuzzing)]
 pub fn fuzz_layout(data: &[u8]) {
     let all: Vec<Vec<u8>> = data.split(|b| *b == 0).map(<[u8]>::to_vec).collect();
     let n = all.len();

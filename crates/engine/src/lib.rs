@@ -114,7 +114,7 @@ pub use wire::{Descriptor, OpKind};
 /// Fuzzing entry: decodes a negotiation message, a descriptor list and a speculative-round
 /// exchange from `buf` as if rank `peer` had sent them; every input must give a value or a
 /// typed error, never a panic.
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(fuzzing)]
 pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
     let _ = wire::Message::decode(peer, buf);
     let _ = wire::decode_list(peer, buf);
@@ -129,7 +129,7 @@ pub fn fuzz_negotiation(peer: usize, buf: &[u8]) {
 /// a body alone (past the checksum, which stops most mutated inputs); every input must give
 /// a value or a typed error, never a panic, and what decodes must encode back to the same
 /// bytes.
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(fuzzing)]
 pub fn fuzz_state(buf: &[u8]) {
     if let Ok(s) = EngineState::from_bytes(buf) {
         assert_eq!(

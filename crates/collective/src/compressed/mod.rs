@@ -38,7 +38,7 @@ pub use gather_decode::GatherDecode;
 pub use powersgd::{factor_algorithm, initial_q, orthogonalize, PowerSgdAllReduce, PowerSgdTensor};
 pub use quantized::{Leg, QuantizedAllReduce};
 pub use sparse::{SparseAllReduce, Sum as SparseSum, DENSE_FRACTION};
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(fuzzing)]
 pub use sparse_wire::fuzz_decode as fuzz_sparse_wire;
 pub use sparse_wire::HEADER as SPARSE_HEADER_LEN;
 pub use stripe::{OwnContribution, StripeAllReduce, StripePlan};

@@ -204,7 +204,7 @@ pub fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, MessageError> {
 
 /// The fuzz targets' check: `data` decodes as a request and as a reply to a message or an
 /// error, never a panic, and what decodes encodes and decodes back to the same value.
-#[doc(hidden)]
+#[cfg(fuzzing)]
 pub fn fuzz_message(data: &[u8]) {
     if let Ok(r) = decode_request(data) {
         let f = encode_request(&r);

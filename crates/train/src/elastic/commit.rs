@@ -132,7 +132,7 @@ impl Commit {
 
 /// Fuzzing entry point: [`Commit::from_bytes`] on arbitrary input, and a decoded commit
 /// re-encodes to bytes that decode to the same commit.
-#[doc(hidden)]
+#[cfg(fuzzing)]
 pub fn fuzz_commit(data: &[u8]) {
     if let Ok(c) = Commit::from_bytes(data) {
         let again = Commit::from_bytes(&c.to_bytes()).expect("a re-encoded commit decodes");

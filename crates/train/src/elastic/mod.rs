@@ -20,7 +20,9 @@
 
 mod commit;
 
-pub use commit::{fuzz_commit, Commit, CommitFormatError, EpochOrder};
+#[cfg(fuzzing)]
+pub use commit::fuzz_commit;
+pub use commit::{Commit, CommitFormatError, EpochOrder};
 
 use crate::data::{epoch_permutation, shard_len};
 use crate::error::{Error, Result};
