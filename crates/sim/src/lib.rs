@@ -16,6 +16,9 @@
 //!   ways plus the traffic across the partitions' boundaries, hence the speedup over one
 //!   partition.
 //!
+//! * [`auto`]: `--codec auto`'s policy, a codec per tensor from these predictions, priced by
+//!   a [`Calibration`] of the user's machine (its JSON cache).
+//!
 //! * [`host`]: the timings the ranks of a shared-host measurement send rank 0 (a wire format,
 //!   decoded as untrusted).
 //!
@@ -23,12 +26,14 @@
 //! --calibrate` measures them on this machine); nothing is timed in this crate. Units are
 //! seconds and bytes throughout.
 
+pub mod auto;
 pub mod collective;
 pub mod host;
 pub mod model_parallel;
 pub mod network;
 pub mod predict;
 
+pub use auto::Calibration;
 pub use gradwire_engine::Strategy;
 pub use model_parallel::{mp_step, FcNet, MpConfig, MpStep, Split};
 pub use network::Network;

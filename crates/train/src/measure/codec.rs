@@ -11,7 +11,7 @@ use std::time::Instant;
 use gradwire_engine::codec::{BuildContext, Codec, CodecConfig, Progress, SparseGrad, TensorInfo};
 use gradwire_engine::Strategy;
 
-use super::{median, median_of_passes, WARMUP_PASSES};
+use super::{median, median_within, Passes, WARMUP_PASSES};
 
 /// A codec's measured cost per gradient element (what `gradwire_sim::CodecProfile` takes,
 /// without the spec).
@@ -42,13 +42,24 @@ impl CodecCost {
 /// One codec of `config` per tensor of `infos` (as the engine builds them, seeded with
 /// `seed`), run on `grad` (the tensors' gradients one after the other): wire bytes per
 /// element, encode and decode seconds per element (medians of the same passes,
-/// [`median_of_passes`]). The codecs run past any warm-up (DGC's sparsity schedule): the
+/// [`median_of_passes`](super::median_of_passes)). The codecs run past any warm-up (DGC's sparsity schedule): the
 /// steady state. A dense strategy costs nothing and sends 4 bytes per element, unmeasured.
 pub fn measure_codec(
     config: &CodecConfig,
     infos: &[TensorInfo],
     grad: &[f32],
     seed: u64,
+) -> CodecCost {
+    measure_codec_within(config, infos, grad, seed, Passes::STEADY)
+}
+
+/// [`measure_codec`] over the timed passes `passes` asks for ([`median_within`]).
+pub fn measure_codec_within(
+    config: &CodecConfig,
+    infos: &[TensorInfo],
+    grad: &[f32],
+    seed: u64,
+    passes: Passes,
 ) -> CodecCost {
     let strategy = Strategy::Auto.resolve(config);
     if strategy == Strategy::Dense {
@@ -71,7 +82,7 @@ pub fn measure_codec(
     let mut dec = Vec::new();
     let mut wire = 0usize;
     let mut acc = vec![0f32; grad.len()];
-    let Ok(encode) = median_of_passes::<std::convert::Infallible>(|| {
+    let Ok(encode) = median_within::<std::convert::Infallible>(passes, || {
         let mut off = 0;
         let t = Instant::now();
         for ((c, info), out) in codecs.iter_mut().zip(infos).zip(&mut payloads) {

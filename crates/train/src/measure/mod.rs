@@ -2,7 +2,7 @@
 //!
 //! This module owns timing: it runs the real model, codecs, transport and engine and reports
 //! seconds and bytes, and never predicts anything (`gradwire-sim` does that arithmetic) nor
-//! prints. `gradwire simulate` (the CLI) is its user. One concept per file:
+//! prints. `gradwire simulate` and `gradwire calibrate` (the CLI) are its users. One concept per file:
 //!
 //! * [`passes`]: the timing discipline every measurement shares: [`WARMUP_PASSES`] untimed
 //!   passes, then the median of at least [`MIN_PASSES`] timed ones over at least
@@ -15,12 +15,16 @@
 //!   reduction cost ([`calibrate_stack`], [`one_way`]);
 //! * [`engine`]: one step of the engine averaging a gradient on two in-process ranks
 //!   ([`engine_step_time`]);
+//! * [`calibration`]: the costs `--codec auto` prices its candidates with (the stack's and
+//!   each codec's on a synthetic gradient, in about a second), and their cache
+//!   ([`calibrate`], [`cached`]);
 //! * [`host`]: a whole training step of ranks sharing one host's cores, in lockstep through
 //!   the engine ([`rank_steps`], [`summarize`], [`HostStep`]).
 //!
 //! Timings vary with the machine and its load, so only what is deterministic (medians,
 //! summaries, wire bytes, batches) is unit-tested here.
 
+pub mod calibration;
 pub mod codec;
 pub mod compute;
 pub mod engine;
@@ -28,11 +32,15 @@ pub mod host;
 pub mod passes;
 pub mod stack;
 
-pub use codec::{measure_codec, payloads_len, CodecCost};
+pub use calibration::{cached, calibrate, CalibrateError, Source};
+pub use codec::{measure_codec, measure_codec_within, payloads_len, CodecCost};
 pub use compute::{measure_compute, synthetic_batch};
 pub use engine::{engine_step_time, ENGINE_STEPS};
 pub use host::{rank_steps, summarize, HostStep, Lockstep, LOCKSTEP_PASSES, MAX_SHARED_WORKERS};
-pub use passes::{median, median_of_passes, MAX_PASSES, MIN_PASSES, MIN_SECONDS, WARMUP_PASSES};
+pub use passes::{
+    median, median_of_passes, median_within, Passes, MAX_PASSES, MIN_PASSES, MIN_SECONDS,
+    WARMUP_PASSES,
+};
 pub use stack::{calibrate_stack, one_way, tcp_pair, Stack};
 
 /// Result alias of the measurements.

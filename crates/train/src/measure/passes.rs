@@ -32,6 +32,34 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 /// timed until [`MIN_SECONDS`] have passed or [`MAX_PASSES`] have run. `pass` returns the
 /// seconds of the part it times; its first error ends the measurement.
 pub fn median_of_passes<E>(
+    pass: impl FnMut() -> std::result::Result<f64, E>,
+) -> std::result::Result<f64, E> {
+    median_within(Passes::STEADY, pass)
+}
+
+/// How long a measurement runs: at least `min` timed passes, more (up to [`MAX_PASSES`])
+/// while fewer than `min_seconds` have passed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Passes {
+    /// Timed passes at least.
+    pub min: usize,
+    /// Seconds the timed passes run at least, unless [`MAX_PASSES`] come first.
+    pub min_seconds: f64,
+}
+
+impl Passes {
+    /// [`MIN_PASSES`] over [`MIN_SECONDS`]: steady on a shared machine.
+    pub const STEADY: Passes = Passes {
+        min: MIN_PASSES,
+        min_seconds: MIN_SECONDS,
+    };
+}
+
+/// The median of `pass`'s timings: [`WARMUP_PASSES`] untimed, then as many timed as
+/// `passes` asks (at least one). `pass` returns the seconds of the part it times; its first
+/// error ends the measurement.
+pub fn median_within<E>(
+    passes: Passes,
     mut pass: impl FnMut() -> std::result::Result<f64, E>,
 ) -> std::result::Result<f64, E> {
     for _ in 0..WARMUP_PASSES {
@@ -39,8 +67,8 @@ pub fn median_of_passes<E>(
     }
     let start = Instant::now();
     let mut times = Vec::new();
-    while times.len() < MIN_PASSES
-        || (times.len() < MAX_PASSES && start.elapsed().as_secs_f64() < MIN_SECONDS)
+    while times.len() < passes.min.max(1)
+        || (times.len() < MAX_PASSES && start.elapsed().as_secs_f64() < passes.min_seconds)
     {
         times.push(pass()?);
     }
