@@ -43,6 +43,7 @@
 //! [`Caps::unbiased`] keeps no residual.
 #![deny(missing_docs)]
 
+pub mod bench;
 mod bf16;
 mod config;
 mod elias;
