@@ -73,6 +73,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod bench;
 mod client;
 mod downpour;
 pub mod durability;
