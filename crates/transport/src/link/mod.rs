@@ -14,7 +14,8 @@
 //!   Receive-side pacing is what limits the second direction of a duplex `send_recv`, and it
 //!   charges latency once per message, not once per call, so streams pipeline like a real link.
 //!
-//! All times are absolute (`CLOCK_MONOTONIC`, shared by the processes of one host) and every
+//! All times are absolute (`CLOCK_MONOTONIC`, shared by the processes of one host, or any
+//! [`Clock`] given to [`Throttled::with_clock`], e.g. a simulated one in tests) and every
 //! slot starts where the previous one ended, so sleep overshoot never accumulates: how late a
 //! call returns past its scheduled end (oversleep, a descheduled thread, the inner transport's
 //! copy) is credited to the caller's next call (up to 20 ms; a stream on one link still never
@@ -48,6 +49,7 @@
 //! assert!(start.elapsed() >= std::time::Duration::from_millis(2));
 //! ```
 
+pub mod clock;
 pub mod spec;
 
 use std::time::Duration;
@@ -55,6 +57,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use clock::{Clock, Monotonic};
 pub use spec::{Bandwidth, LinkConfig, LinkSpec, LinkSpecError};
 
 use crate::{Error, Op, Result, Transport};
@@ -122,9 +125,11 @@ struct Peer {
     rng: StdRng,
 }
 
-/// A transport whose links behave like the configured network (see the module doc).
-pub struct Throttled<T> {
+/// A transport whose links behave like the configured network (see the module doc), on the
+/// host's monotonic clock unless built [`with_clock`](Throttled::with_clock).
+pub struct Throttled<T, C = Monotonic> {
     inner: T,
+    clock: C,
     peers: Vec<Peer>,
     /// Oversleep of the emulator's last wait, credited back to the next call (ns).
     lag: u64,
@@ -142,6 +147,22 @@ const MAX_LAG_NS: u64 = 20_000_000;
 impl<T: Transport> Throttled<T> {
     /// Wraps `inner`; every rank of the job must wrap with the same `config`.
     pub fn new(inner: T, config: &LinkConfig) -> Throttled<T> {
+        Throttled::with_clock(inner, config, Monotonic)
+    }
+
+    /// Wraps every rank of a world.
+    pub fn wrap_all(ranks: Vec<T>, config: &LinkConfig) -> Vec<Throttled<T>> {
+        ranks
+            .into_iter()
+            .map(|t| Throttled::new(t, config))
+            .collect()
+    }
+}
+
+impl<T: Transport, C: Clock> Throttled<T, C> {
+    /// [`Throttled::new`] on `clock` instead of the host's monotonic clock (every rank of the
+    /// job must read the same time, or one skewed as between hosts).
+    pub fn with_clock(inner: T, config: &LinkConfig, clock: C) -> Throttled<T, C> {
         let me = inner.rank();
         let peers = (0..inner.world_size())
             .map(|p| Peer {
@@ -156,6 +177,7 @@ impl<T: Transport> Throttled<T> {
             .collect();
         Throttled {
             inner,
+            clock,
             peers,
             lag: 0,
             bytes_sent: 0,
@@ -164,12 +186,9 @@ impl<T: Transport> Throttled<T> {
         }
     }
 
-    /// Wraps every rank of a world.
-    pub fn wrap_all(ranks: Vec<T>, config: &LinkConfig) -> Vec<Throttled<T>> {
-        ranks
-            .into_iter()
-            .map(|t| Throttled::new(t, config))
-            .collect()
+    /// The clock the emulator reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
     }
 
     /// The link to (and from) `peer`.
@@ -204,7 +223,7 @@ impl<T: Transport> Throttled<T> {
 
     /// Books the link to `to` for `len` bytes: returns (end of the slot, arrival time).
     fn book(&mut self, to: usize, len: usize) -> (u64, u64) {
-        let now = now_ns().saturating_sub(self.lag);
+        let now = self.clock.now_ns().saturating_sub(self.lag);
         let p = &mut self.peers[to];
         let start = p.tx_free.max(now);
         let end = start + p.spec.wire_ns(len);
@@ -226,20 +245,20 @@ impl<T: Transport> Throttled<T> {
     /// never later than the link's own time for it from now (clock skew cannot stall us).
     fn arrival(&self, from: usize, stamp: u64, len: usize) -> u64 {
         let s = &self.peers[from].spec;
-        let bound = now_ns() + s.wire_ns(len) + (s.latency + s.jitter).as_nanos() as u64;
+        let bound = self.clock.now_ns() + s.wire_ns(len) + (s.latency + s.jitter).as_nanos() as u64;
         stamp.min(bound)
     }
 
-    /// Sleeps until the shared clock reads `target`; records how late we return (oversleep,
+    /// Sleeps until the clock reads `target`; records how late we return (oversleep,
     /// or the inner transport overrunning the slot) as lag, credited to the next call. A
     /// target past the inner transport's deadline waits out the deadline and fails with
     /// [`Error::Timeout`] naming `peer`.
     fn wait_until(&mut self, target: u64, peer: usize, op: Op) -> Result<Duration> {
-        let start = now_ns();
+        let start = self.clock.now_ns();
         let deadline = self.inner.timeout();
         let limit = u64::try_from(deadline.as_nanos()).unwrap_or(u64::MAX);
         if target.saturating_sub(start) > limit {
-            let end = sleep_until(start.saturating_add(limit));
+            let end = self.clock.sleep_until(start.saturating_add(limit));
             self.lag = 0;
             let waited = Duration::from_nanos(end - start);
             match op {
@@ -253,7 +272,7 @@ impl<T: Transport> Throttled<T> {
             });
         }
         let end = if target > start {
-            sleep_until(target)
+            self.clock.sleep_until(target)
         } else {
             start
         };
@@ -275,7 +294,7 @@ impl<T: Transport> Throttled<T> {
     }
 }
 
-impl<T: Transport> Transport for Throttled<T> {
+impl<T: Transport, C: Clock> Transport for Throttled<T, C> {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
@@ -354,7 +373,7 @@ struct Pending {
     recv_stamp: Option<u64>,
 }
 
-impl<T: Transport> Throttled<T> {
+impl<T: Transport, C: Clock> Throttled<T, C> {
     /// Books our direction and swaps arrival stamps with the peers of a duplex step.
     fn exchange_stamps(&mut self, to: usize, len: usize, from: usize) -> Result<Pending> {
         self.check(to)?;
@@ -396,35 +415,9 @@ impl<T: Transport> Throttled<T> {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of one host.
-pub(crate) fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Below this much time left, yield instead of sleeping (sleeps overshoot by ~50 µs).
-const SPIN_NS: u64 = 80_000;
-
-/// Waits until `now_ns() >= target`; returns the time it woke.
-fn sleep_until(target: u64) -> u64 {
-    loop {
-        let now = now_ns();
-        if now >= target {
-            return now;
-        }
-        let left = target - now;
-        if left > SPIN_NS {
-            std::thread::sleep(Duration::from_nanos(left - SPIN_NS));
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
+#[cfg(test)]
+mod fake_clock;
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,11 @@
-//! Link emulator unit tests: env parsing and jitter draws. Timing (accuracy at 100 Mbit/s,
-//! 1 and 10 Gbit/s, latency, a slow rank) is in `tests/link.rs`, its own test binary, so it
-//! does not share the cores with this crate's other tests.
+//! Link emulator unit tests: env parsing, jitter draws and the deadline, on simulated time.
+//! The schedule's rate and latency are in `schedule_tests.rs`; `tests/link.rs` checks the
+//! emulator over real transports and the host's clock, coarsely.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::fake_clock::FakeClock;
 use super::*;
 use crate::local::Local;
 
@@ -65,7 +66,7 @@ fn env_errors_name_the_variable() {
 fn jitter_is_seeded_and_bounded() {
     let cfg: LinkConfig = "10gbit,5ms,jitter=4ms,seed=1".parse().unwrap();
     let arrivals = |cfg: &LinkConfig| {
-        let mut t = Throttled::new(Local::world(2).remove(0), cfg);
+        let mut t = Throttled::with_clock(Local::world(2).remove(0), cfg, FakeClock::new());
         (0..50)
             .map(|_| {
                 let (end, arr) = t.book(1, 0);
@@ -80,17 +81,28 @@ fn jitter_is_seeded_and_bounded() {
         "{a:?}"
     );
     assert!(a.iter().any(|&d| d != a[0]));
-    // The same seed gives the same draws (to within the clock ticks between calls).
-    let b = arrivals(&cfg);
-    let close = a
-        .iter()
-        .zip(&b)
-        .filter(|(x, y)| (**x - **y).abs() < 500_000)
-        .count();
-    assert!(close > 40, "{a:?} vs {b:?}");
+    // The same seed gives the same draws.
+    assert_eq!(a, arrivals(&cfg));
     let mut cfg2 = cfg.clone();
     cfg2.seed = 2;
     assert_ne!(a, arrivals(&cfg2));
+}
+
+/// Each rank of a world on its own simulated clock, every deadline `deadline`.
+fn world_on_fake_clocks(
+    n: usize,
+    spec: &str,
+    deadline: Duration,
+) -> Vec<Throttled<Local, FakeClock>> {
+    let cfg: LinkConfig = spec.parse().unwrap();
+    Local::world(n)
+        .into_iter()
+        .map(|t| {
+            let mut t = Throttled::with_clock(t, &cfg, FakeClock::new());
+            t.set_timeout(deadline);
+            t
+        })
+        .collect()
 }
 
 /// The emulator's own waits end at the inner transport's deadline with a timeout naming the
@@ -98,25 +110,18 @@ fn jitter_is_seeded_and_bounded() {
 #[test]
 fn waits_longer_than_the_deadline_time_out_naming_the_peer() {
     let deadline = Duration::from_millis(150);
-    let cfg: LinkConfig = "1mbit,1ms".parse().unwrap();
-    let mut world = Throttled::wrap_all(Local::world(3), &cfg);
-    for t in &mut world {
-        t.set_timeout(deadline);
-    }
+    let mut world = world_on_fake_clocks(3, "1mbit,1ms", deadline);
     let mut c = world.pop().unwrap();
     let mut b = world.pop().unwrap();
     let mut a = world.pop().unwrap();
     let msg = vec![7u8; 100_000];
-    let within = |start: std::time::Instant| {
-        let e = start.elapsed();
-        assert!(
-            e >= deadline && e < Duration::from_millis(600),
-            "returned after {e:?}"
-        );
+    // A wait that times out lasts the deadline exactly.
+    let within = |clock: &FakeClock, start: u64| {
+        assert_eq!(clock.now_ns() - start, deadline.as_nanos() as u64);
     };
 
     // Sender: its slot ends past the deadline.
-    let start = std::time::Instant::now();
+    let start = a.clock().now_ns();
     match a.send(2, &msg) {
         Err(Error::Timeout {
             peer: 2,
@@ -125,9 +130,9 @@ fn waits_longer_than_the_deadline_time_out_naming_the_peer() {
         }) => assert_eq!(after, deadline),
         other => panic!("expected a send timeout naming rank 2, got {other:?}"),
     }
-    within(start);
+    within(a.clock(), start);
     // Receiver: the message is there, its arrival past the deadline.
-    let start = std::time::Instant::now();
+    let start = c.clock().now_ns();
     let mut buf = Vec::new();
     match c.recv(0, &mut buf) {
         Err(Error::Timeout {
@@ -137,7 +142,7 @@ fn waits_longer_than_the_deadline_time_out_naming_the_peer() {
         }) => {}
         other => panic!("expected a receive timeout naming rank 0, got {other:?}"),
     }
-    within(start);
+    within(c.clock(), start);
 
     // A duplex step both ways between ranks 1 and 2 (threads): each names the other.
     let h = std::thread::spawn(move || {
@@ -145,27 +150,25 @@ fn waits_longer_than_the_deadline_time_out_naming_the_peer() {
         let r = c.send_recv_into(1, &[1u8; 100_000], 1, &mut out);
         (r, c)
     });
-    let start = std::time::Instant::now();
+    let start = b.clock().now_ns();
     let mut out = vec![0u8; 100_000];
     match b.send_recv_into(2, &msg, 2, &mut out) {
         Err(Error::Timeout { peer: 2, .. }) => {}
         other => panic!("expected a timeout naming rank 2, got {other:?}"),
     }
-    within(start);
+    within(b.clock(), start);
     match h.join().unwrap().0 {
         Err(Error::Timeout { peer: 1, .. }) => {}
         other => panic!("expected a timeout naming rank 1, got {other:?}"),
     }
 
     // Waits under the deadline still work: 10 kB is 80 ms.
-    let cfg: LinkConfig = "1mbit".parse().unwrap();
-    let mut world = Throttled::wrap_all(Local::world(2), &cfg);
-    for t in &mut world {
-        t.set_timeout(deadline);
-    }
+    let mut world = world_on_fake_clocks(2, "1mbit", deadline);
     let mut y = world.pop().unwrap();
     let mut x = world.pop().unwrap();
     x.send(1, &[3u8; 10_000]).unwrap();
     y.recv(0, &mut buf).unwrap();
     assert_eq!(buf, vec![3u8; 10_000]);
+    assert_eq!(x.clock().elapsed(), 80_000_000);
+    assert_eq!(y.clock().elapsed(), 80_000_000);
 }
