@@ -267,3 +267,139 @@ pub fn run<T: Transport + 'static>(
         transport,
     ))
 }
+
+/// One case's medians as `gradwire bench engine` reports them (a JSON shape other tools
+/// read: keep the field names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseSummary {
+    /// `lenet`, `lstm` or `many-small`.
+    pub case: String,
+    /// Tensors in the list.
+    pub tensors: usize,
+    /// Median step time through the engine, ms.
+    pub engine_ms: f64,
+    /// Median step time with one blocking all-reduce per tensor, ms.
+    pub per_tensor_ms: f64,
+    /// Median step time with one blocking all-reduce of everything, ms.
+    pub flat_ms: f64,
+    /// Engine: negotiation rounds per step (mean).
+    #[serde(default)]
+    pub engine_rounds: f64,
+    /// Engine: steps whose dense batch rode the negotiation round (mean per step, 0..1).
+    #[serde(default)]
+    pub engine_speculative: f64,
+    /// The engine's hierarchy (e.g. `2 hosts (2+2 ranks)`, from declared hosts); absent: flat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchy: Option<String>,
+}
+
+impl From<&BenchResult> for CaseSummary {
+    fn from(r: &BenchResult) -> CaseSummary {
+        CaseSummary {
+            case: r.case.clone(),
+            tensors: r.tensors,
+            engine_ms: r.engine_ms,
+            per_tensor_ms: r.per_tensor_ms,
+            flat_ms: r.flat_ms,
+            engine_rounds: r.engine_rounds,
+            engine_speculative: r.engine_speculative,
+            hierarchy: r.hierarchy.clone(),
+        }
+    }
+}
+
+/// Errors of [`run_cases`].
+#[derive(Debug, thiserror::Error)]
+pub enum CasesError {
+    /// This rank's host settings could not be read.
+    #[error(transparent)]
+    Hosts(#[from] crate::HostError),
+    /// A case failed.
+    #[error("case {case}")]
+    Case {
+        /// The case's name.
+        case: &'static str,
+        /// What failed.
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+/// [`run`] of every case in turn on this rank, each engine with the default configuration
+/// and this rank's host settings from the environment ([`crate::host_config_from_env`]).
+/// Every rank calls it with the same cases and repetitions; every rank returns its own
+/// medians (taken after barriers, so of the same steps).
+#[cfg(unix)]
+pub fn run_cases(
+    mut t: Box<dyn Transport>,
+    cases: &[BenchCase],
+    reps: usize,
+) -> std::result::Result<Vec<CaseSummary>, CasesError> {
+    let mut out = Vec::with_capacity(cases.len());
+    for &case in cases {
+        let config = EngineConfig {
+            hosts: crate::host_config_from_env(t.rank(), t.world_size())?,
+            ..EngineConfig::default()
+        };
+        let (r, back) = run(t, case, reps, config).map_err(|e| CasesError::Case {
+            case: case.name(),
+            source: Box::new(e),
+        })?;
+        t = back;
+        out.push(CaseSummary::from(&r));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gradwire_transport::local::Local;
+
+    #[test]
+    fn case_names_parse_back() {
+        for c in BenchCase::ALL {
+            assert_eq!(c.name().parse::<BenchCase>().unwrap(), c);
+        }
+        assert!("resnet".parse::<BenchCase>().is_err());
+    }
+
+    /// Every case on two in-process ranks: one summary per case, in order, with the case's
+    /// tensor count and the JSON field names other tools read.
+    #[cfg(unix)]
+    #[test]
+    fn run_cases_summarizes_every_case() {
+        let cases = [BenchCase::Lenet, BenchCase::Lstm];
+        let hs: Vec<_> = Local::world(2)
+            .into_iter()
+            .map(|t| std::thread::spawn(move || run_cases(Box::new(t), &cases, 2).unwrap()))
+            .collect();
+        for h in hs {
+            let out = h.join().unwrap();
+            assert_eq!(out.len(), 2);
+            for (s, c) in out.iter().zip(cases) {
+                assert_eq!(s.case, c.name());
+                assert_eq!(s.tensors, c.tensors().len());
+                assert!(s.engine_ms > 0.0 && s.per_tensor_ms > 0.0 && s.flat_ms > 0.0);
+                assert!(s.engine_rounds >= 1.0, "{s:?}");
+                assert!((0.0..=1.0).contains(&s.engine_speculative), "{s:?}");
+                assert_eq!(s.hierarchy, None);
+            }
+            let v = serde_json::to_value(&out[0]).unwrap();
+            let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            assert_eq!(
+                keys,
+                [
+                    "case",
+                    "engine_ms",
+                    "engine_rounds",
+                    "engine_speculative",
+                    "flat_ms",
+                    "per_tensor_ms",
+                    "tensors"
+                ]
+            );
+        }
+    }
+}

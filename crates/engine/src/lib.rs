@@ -104,6 +104,11 @@ pub use gradwire_codec as codec;
 pub use gradwire_codec::TensorRole;
 pub use gradwire_collective::CollectiveConfig;
 pub use handle::Handle;
+#[cfg(unix)]
+pub use hosts::host_config_from_env;
+pub use hosts::{
+    describe_layout, hierarchy_off, host_from, hosts_from_list, this_host, HostError, HostGroups,
+};
 pub use state::{EngineState, SavedTensor, StateFormatError, STATE_MAGIC, STATE_VERSION};
 pub use stats::{
     ByteStats, EngineStats, StallReport, StepBytes, StragglerRecord, StragglerSummary,
