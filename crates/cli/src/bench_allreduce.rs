@@ -4,30 +4,40 @@
 //! `{"op":"allreduce","transport":"tcp","np":4,"algo":"auto","results":[{"bytes":1048576,"median_us":812.5,"busbw_gbps":1.94}]}`
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use gradwire_collective::{Algorithm, Collectives, ReduceOp};
+use gradwire_collective::bench::{self, BenchOp, BenchSpec, HierarchicalAllReduce, SizeResult};
+use gradwire_collective::Algorithm;
 use gradwire_transport::link::{LinkConfig, Throttled};
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
+use crate::hier::Hier;
 use crate::launch::run_ranks_for_json;
 use crate::size::{format_size, parse_size};
 pub use gradwire_run::join::TransportKind;
 
-/// Which collective to time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BenchOp {
+/// Which collective to time (`--op`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OpArg {
     /// Sum all-reduce of f32.
     Allreduce,
     /// All-gather; the size is the gathered total.
     Allgather,
     /// Broadcast from rank 0.
     Broadcast,
+}
+
+impl From<OpArg> for BenchOp {
+    fn from(op: OpArg) -> BenchOp {
+        match op {
+            OpArg::Allreduce => BenchOp::Allreduce,
+            OpArg::Allgather => BenchOp::Allgather,
+            OpArg::Broadcast => BenchOp::Broadcast,
+        }
+    }
 }
 
 /// Arguments of `gradwire bench allreduce`.
@@ -48,7 +58,7 @@ pub struct AllreduceBenchArgs {
     algo: Algorithm,
     /// Collective to time.
     #[arg(long, value_enum, default_value = "allreduce")]
-    op: BenchOp,
+    op: OpArg,
     /// Emulate a network link between the ranks, e.g. `1gbit,50us` (see `gradwire train
     /// --help`); also read from GRADWIRE_LINK when not given.
     #[arg(long, value_name = "SPEC", value_parser = link_arg)]
@@ -86,17 +96,6 @@ pub struct Report {
     /// The hosts when the all-reduce ran hierarchically (`2 hosts (2+2 ranks)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hierarchy: Option<String>,
-}
-
-/// The timing of one size.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SizeResult {
-    /// Message size in bytes.
-    pub bytes: usize,
-    /// Median over iterations of the slowest rank's time, microseconds.
-    pub median_us: f64,
-    /// Bus bandwidth, GB/s (1e9 bytes).
-    pub busbw_gbps: f64,
 }
 
 /// Runs the benchmark (as the parent, or as one rank with `--worker` or under a launcher).
@@ -177,7 +176,7 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
 
 /// The hierarchical all-reduce when the ranks' hosts call for it (TCP jobs only; see
 /// [`crate::hier`]).
-fn hierarchy<T: Transport>(t: &mut T, kind: TransportKind) -> Result<Option<crate::hier::Hier>> {
+fn hierarchy(t: &mut dyn Transport, kind: TransportKind) -> Result<Option<Hier>> {
     if kind != TransportKind::Tcp {
         return Ok(None);
     }
@@ -261,83 +260,28 @@ fn print_table(r: &Report) {
     }
 }
 
-/// Default iteration count: many for small messages, fewer for large.
-fn iterations(bytes: usize, requested: Option<usize>) -> usize {
-    requested.unwrap_or_else(|| ((256usize << 20) / bytes.max(1)).clamp(10, 200))
-}
-
-/// Times every size on this rank; all ranks return the same report.
-fn measure<T: Transport>(
-    t: &mut T,
-    mut hier: Option<crate::hier::Hier>,
+/// Times every size on this rank ([`gradwire_collective::bench::measure`]); all ranks
+/// return the same report.
+fn measure(
+    t: &mut dyn Transport,
+    mut hier: Option<Hier>,
     args: &AllreduceBenchArgs,
 ) -> Result<Report> {
-    let np = t.world_size();
-    let mut results = Vec::new();
-    for &bytes in &args.sizes {
-        let elems = bytes / 4;
-        let iters = iterations(bytes, args.iters);
-        let mut buf: Vec<f32> = (0..elems).map(|i| (i % 13) as f32).collect();
-        let mut out = vec![
-            0f32;
-            if args.op == BenchOp::Allgather {
-                elems / np * np
-            } else {
-                0
-            }
-        ];
-        let mine = elems / np;
-        let mut times = vec![0f64; iters];
-        for i in 0..args.warmup + iters {
-            t.barrier()?;
-            let start = Instant::now();
-            match args.op {
-                BenchOp::Allreduce => match hier.as_mut() {
-                    Some(h) => h.all_reduce(t, &mut buf, ReduceOp::Sum)?,
-                    None => t.all_reduce_with(&mut buf, ReduceOp::Sum, args.algo)?,
-                },
-                BenchOp::Allgather => t.all_gather_into(&buf[..mine], &mut out)?,
-                BenchOp::Broadcast => t.broadcast(&mut buf, 0)?,
-            }
-            let dt = start.elapsed().as_secs_f64();
-            if i >= args.warmup {
-                times[i - args.warmup] = dt;
-            }
-            if args.op == BenchOp::Allreduce && i % 8 == 7 {
-                // Keep the values bounded across iterations.
-                buf.iter_mut()
-                    .enumerate()
-                    .for_each(|(j, x)| *x = (j % 13) as f32);
-            }
-        }
-        // Slowest rank per iteration, then the median.
-        t.all_reduce(&mut times, ReduceOp::Max)?;
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
-        let p = np as f64;
-        let factor = match args.op {
-            BenchOp::Allreduce => 2.0 * (p - 1.0) / p,
-            BenchOp::Allgather => (p - 1.0) / p,
-            BenchOp::Broadcast => 1.0,
-        };
-        let busbw = if median > 0.0 {
-            bytes as f64 * factor / median / 1e9
-        } else {
-            0.0
-        };
-        results.push(SizeResult {
-            bytes,
-            median_us: median * 1e6,
-            busbw_gbps: busbw,
-        });
-    }
+    let spec = BenchSpec {
+        op: args.op.into(),
+        sizes: args.sizes.clone(),
+        algo: args.algo,
+        iters: args.iters,
+        warmup: args.warmup,
+    };
+    let h = hier.as_mut().map(|h| h as &mut dyn HierarchicalAllReduce);
     Ok(Report {
-        op: args.op,
+        op: spec.op,
         transport: args.transport.resolve(),
-        np,
+        np: t.world_size(),
         algo: args.algo.to_string(),
-        results,
+        results: bench::measure(t, h, &spec)?,
         provenance: Some(crate::records::Provenance::current()),
-        hierarchy: hier.as_ref().map(crate::hier::Hier::describe),
+        hierarchy: hier.as_ref().map(Hier::describe),
     })
 }

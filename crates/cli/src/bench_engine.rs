@@ -8,8 +8,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gradwire_engine::bench::{self, BenchCase, BenchResult};
-use gradwire_engine::EngineConfig;
+use gradwire_engine::bench::{run_cases, BenchCase, CaseSummary};
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
@@ -39,37 +38,13 @@ pub struct EngineBenchArgs {
     worker: bool,
 }
 
-/// One case's medians (the JSON shape other tools read).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CaseResult {
-    /// `lenet`, `lstm` or `many-small`.
-    pub case: String,
-    /// Tensors in the list.
-    pub tensors: usize,
-    /// Median step time through the engine, ms.
-    pub engine_ms: f64,
-    /// Median step time with one blocking all-reduce per tensor, ms.
-    pub per_tensor_ms: f64,
-    /// Median step time with one blocking all-reduce of everything, ms.
-    pub flat_ms: f64,
-    /// Engine: negotiation rounds per step (mean).
-    #[serde(default)]
-    pub engine_rounds: f64,
-    /// Engine: steps whose dense batch rode the negotiation round (mean per step, 0..1).
-    #[serde(default)]
-    pub engine_speculative: f64,
-    /// The engine's hierarchy (e.g. `2 hosts (2+2 ranks)`, from declared hosts); absent: flat.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hierarchy: Option<String>,
-}
-
 /// The report.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     /// Ranks.
     pub np: usize,
     /// One entry per case.
-    pub results: Vec<CaseResult>,
+    pub results: Vec<CaseSummary>,
     /// Transport used (the one `auto` resolved to).
     pub transport: TransportKind,
     /// Timed repetitions per mode.
@@ -79,34 +54,11 @@ pub struct Report {
     pub provenance: Option<crate::records::Provenance>,
 }
 
-fn case_result(r: &BenchResult) -> CaseResult {
-    CaseResult {
-        case: r.case.clone(),
-        tensors: r.tensors,
-        engine_ms: r.engine_ms,
-        per_tensor_ms: r.per_tensor_ms,
-        flat_ms: r.flat_ms,
-        engine_rounds: r.engine_rounds,
-        engine_speculative: r.engine_speculative,
-        hierarchy: r.hierarchy.clone(),
-    }
-}
-
-/// Every case on one rank; rank 0's results are the report's (the engine's timings are
-/// taken after a barrier, so every rank measures the same steps).
-fn measure(mut t: Box<dyn Transport>, args: &EngineBenchArgs) -> Result<Vec<CaseResult>> {
-    let mut out = Vec::new();
-    for &case in &args.cases {
-        let config = EngineConfig {
-            hosts: crate::hier::engine_hosts(t.rank(), t.world_size())?,
-            ..EngineConfig::default()
-        };
-        let (r, back) = bench::run(t, case, args.reps, config)
-            .with_context(|| format!("case {}", case.name()))?;
-        t = back;
-        out.push(case_result(&r));
-    }
-    Ok(out)
+/// Every case on one rank ([`gradwire_engine::bench::run_cases`]); rank 0's results are
+/// the report's (the engine's timings are taken after a barrier, so every rank measures the
+/// same steps).
+fn measure(t: Box<dyn Transport>, args: &EngineBenchArgs) -> Result<Vec<CaseSummary>> {
+    Ok(run_cases(t, &args.cases, args.reps)?)
 }
 
 /// Runs the benchmark (as the parent, or as one rank with `--worker` or under a launcher).
@@ -166,7 +118,7 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     finish(&report, args)
 }
 
-fn report(np: usize, results: Vec<CaseResult>, args: &EngineBenchArgs) -> Report {
+fn report(np: usize, results: Vec<CaseSummary>, args: &EngineBenchArgs) -> Report {
     Report {
         np,
         results,
