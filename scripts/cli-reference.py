@@ -24,9 +24,10 @@ COMMANDS = [
     ("simulate", "simulate/args.rs", "SimulateArgs"),
 ]
 FLATTEN = {
-    "crate::train_ps::PsArgs": ("train_ps.rs", "PsArgs"),
-    "crate::train_parallel::ModelParallelArgs": ("train_parallel.rs", "ModelParallelArgs"),
-    "crate::train_elastic::ElasticArgs": ("train_elastic.rs", "ElasticArgs"),
+    "gradwire_job::Settings": ("../../job/src/settings.rs", "Settings"),
+    "gradwire_job::ps::PsSettings": ("../../job/src/ps.rs", "PsSettings"),
+    "gradwire_job::model_parallel::MpSettings": ("../../job/src/model_parallel.rs", "MpSettings"),
+    "gradwire_job::elastic::ElasticSettings": ("../../job/src/elastic.rs", "ElasticSettings"),
 }
 
 

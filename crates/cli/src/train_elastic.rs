@@ -39,7 +39,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use gradwire_run::elastic::Member;
 use gradwire_train::elastic::Commit;
 use gradwire_train::{EngineSync, GradientSync, StepInfo, Trainer};
@@ -54,116 +53,7 @@ use crate::train::{progress_bar, record, write_run, Plan};
 /// Re-forms in a row without a training step after which a worker gives up.
 const MAX_IDLE_REFORMS: u32 = 5;
 
-/// Steps between commits when `--commit-every` is not given.
-pub const DEFAULT_COMMIT_EVERY: u64 = 10;
-
-/// The flags of elastic training.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ElasticArgs {
-    /// Elastic training between MIN and MAX ranks (`--workers` start it): when a rank dies
-    /// the others go on from the last commit (--commit-every) without it, and processes
-    /// started with `--join OUT` are admitted at the next commit. TCP processes on this host.
-    #[arg(long, value_name = "MIN:MAX")]
-    pub elastic: Option<ElasticRange>,
-    /// Steps between the in-memory commits of --elastic: a lost rank costs at most this
-    /// many steps, and a joiner waits at most this long [default: 10].
-    #[arg(long, value_name = "N")]
-    pub commit_every: Option<u64>,
-    /// Join the running elastic run whose --out folder is DIR as one more worker (its
-    /// settings are that run's; the other flags are ignored).
-    #[arg(long, value_name = "DIR")]
-    pub join: Option<PathBuf>,
-}
-
-/// `MIN:MAX` ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ElasticRange {
-    /// The fewest ranks the run goes on with.
-    pub min: usize,
-    /// The most ranks it admits.
-    pub max: usize,
-}
-
-impl std::str::FromStr for ElasticRange {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let (a, b) = s
-            .split_once(':')
-            .ok_or_else(|| format!("{s:?}: expected MIN:MAX, e.g. 2:4"))?;
-        let num = |v: &str| {
-            v.trim()
-                .parse::<usize>()
-                .map_err(|_| format!("{s:?}: {v:?} is not a number of ranks"))
-        };
-        let (min, max) = (num(a)?, num(b)?);
-        if min == 0 || min > max || max > 64 {
-            return Err(format!("{s:?}: need 1 <= MIN <= MAX <= 64"));
-        }
-        Ok(ElasticRange { min, max })
-    }
-}
-
-/// A validated elastic setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Elastic {
-    /// The range of world sizes.
-    pub range: ElasticRange,
-    /// Steps between commits.
-    pub commit_every: u64,
-}
-
-impl Elastic {
-    /// The setting the flags ask for, checked against the rest of the plan (`None` without
-    /// `--elastic`).
-    /// A process that `gradwire launch --elastic` started (its environment names the
-    /// coordinator) is elastic without the flag; the launcher holds the range.
-    pub fn from_args(args: &ElasticArgs, plan: &Plan) -> Result<Option<Elastic>> {
-        let launched = std::env::var_os(gradwire_run::elastic::ENV_ELASTIC).is_some();
-        let range = match args.elastic {
-            Some(r) => r,
-            None if launched => ElasticRange { min: 1, max: 64 },
-            None => {
-                if args.commit_every.is_some() {
-                    bail!("--commit-every goes with --elastic (on-disk checkpoints: --checkpoint-every)");
-                }
-                return Ok(None);
-            }
-        };
-        let refuse =
-            |what: &str| -> Result<Option<Elastic>> { bail!("--elastic does not go with {what}") };
-        if plan.ps.is_some() {
-            return refuse("a parameter server (--sync ps-*)");
-        }
-        if plan.model_parallel.is_some() {
-            return refuse("--model-parallel");
-        }
-        if plan.train.overlap_steps != 0 {
-            return refuse("--overlap-steps 1");
-        }
-        if plan.checkpoint_every > 0 || plan.resume.is_some() {
-            return refuse("--checkpoint-every or --resume (its commits are kept in memory)");
-        }
-        if plan.timeline.is_some() {
-            return refuse("--timeline");
-        }
-        if !launched && !(range.min..=range.max).contains(&plan.workers) {
-            bail!(
-                "--workers {} is outside --elastic {}:{}",
-                plan.workers,
-                range.min,
-                range.max
-            );
-        }
-        let commit_every = args.commit_every.unwrap_or(DEFAULT_COMMIT_EVERY);
-        if commit_every == 0 {
-            bail!("--commit-every must be at least 1");
-        }
-        Ok(Some(Elastic {
-            range,
-            commit_every,
-        }))
-    }
-}
+pub use gradwire_job::elastic::{Elastic, ElasticRange};
 
 /// Where an elastic run's join file is: `OUT/elastic/join.json`.
 fn join_file(out: &Path) -> PathBuf {
@@ -559,20 +449,4 @@ fn start_metrics(plan: &Plan, generation: u64, epoch: u64) -> Result<()> {
         .map(|(l, _)| format!("{l}\n"))
         .collect();
     std::fs::write(&path, lines).with_context(|| format!("writing {}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ElasticRange;
-
-    #[test]
-    fn ranges_parse_and_bad_ones_say_why() {
-        assert_eq!(
-            "2:4".parse::<ElasticRange>().unwrap(),
-            ElasticRange { min: 2, max: 4 }
-        );
-        for bad in ["4", "0:2", "3:2", "1:65", "a:2"] {
-            assert!(bad.parse::<ElasticRange>().is_err(), "{bad}");
-        }
-    }
 }

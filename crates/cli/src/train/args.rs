@@ -1,16 +1,14 @@
-//! The flags of `gradwire train` ([`TrainArgs`], also its `--help` text) and the same settings
-//! as read from a `--config FILE.toml` ([`TrainFile`]).
+//! The flags of `gradwire train` ([`TrainArgs`], also its `--help` text): the job's settings
+//! (`gradwire_job`'s, each also a key of `--config FILE.toml`) and how this process runs.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use anyhow::Result;
 use clap::Args;
-use gradwire_train::data::DatasetKind;
-use gradwire_train::{ModelKind, OptimizerConfig, Rule};
-use gradwire_transport::link::LinkConfig;
-use serde::Deserialize;
-
-pub use gradwire_run::rules::{ClipScope, MomentumMode};
+use gradwire_job::{Host, Plan, Request};
+use gradwire_sim::auto::Calibration;
+use gradwire_train::measure::{cached, Source};
 
 /// Arguments of `gradwire train` (each may also come from `--config FILE.toml`, same keys).
 /// Values are parsed here, at the edge: a bad one is refused with the allowed values.
@@ -19,131 +17,9 @@ pub struct TrainArgs {
     /// TOML file with any of these settings (flags given on the command line win).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model: mlp, mlp:hidden=2048x3 (hidden widths; mlp:wide is 784-2048x3-10), lenet,
-    /// resnet, lstm (hidden 256; lstm:hidden=128 for another size) [default: lenet].
-    #[arg(long)]
-    pub model: Option<ModelKind>,
-    /// Data set: fashion-mnist, mnist, shakespeare, cifar10 [default: fashion-mnist, or
-    /// shakespeare for lstm].
-    #[arg(long)]
-    pub dataset: Option<DatasetKind>,
-    /// Number of worker processes (data-parallel ranks) to start [default: 1]. Under a
-    /// launcher (gradwire launch, mpirun, srun, torchrun) the launcher's world size is used.
-    #[arg(long)]
-    pub workers: Option<usize>,
-    /// Gradient codec spec, e.g. none, fp16, onebit, topk:ratio=0.01, qsgd:bits=4,
-    /// dgc:ratio=0.001 [default: none]. `auto` chooses per tensor, from --auto-codecs, the
-    /// codec (or none) the cost model predicts to be fastest over this job's link and world
-    /// size; run.json records the choice and the predictions (`codec_choice`).
-    #[arg(long)]
-    pub codec: Option<crate::auto_codec::CodecArg>,
-    /// The candidates of `--codec auto`, comma-separated [default: the codecs within 0.5
-    /// points of dense in paper mode under the job's optimizer: none,fp16,qsgd:bits=4, and
-    /// onebit too under AdaGrad or SGD without momentum]; others with measured costs:
-    /// terngrad, topk:ratio=0.01.
-    #[arg(long, value_name = "LIST")]
-    pub auto_codecs: Option<String>,
-    /// How gradients are reduced: auto (from the codec), dense, gather, quantized, sparse
-    /// [default: auto]; or a parameter server: ps-sync, ps-async (Downpour), ps-ssp:S
-    /// (see --servers), sandblaster (DistBelief's batch L-BFGS: one epoch is --sb-iters
-    /// L-BFGS steps over the --sb-batch full batch).
-    #[arg(long)]
-    pub sync: Option<crate::train_ps::SyncMode>,
-    /// A per-tensor codec rule, `SELECTOR=>CODEC[@STRATEGY]`, first match wins; selectors
-    /// `name=GLOB`, `min=N`, `max=N` (elements), `dims=D`. Repeatable. Example: `--rule
-    /// 'dims=1=>none' --rule 'name=fc3.*=>fp16'`. Tensors no rule matches take --codec.
-    #[arg(long = "rule", value_name = "RULE")]
-    pub rules: Vec<Rule>,
-    /// Fuse ready tensors of one policy into buffers of at most this many bytes (0: off)
-    /// [default: 4194304].
-    #[arg(long)]
-    pub fusion_bytes: Option<usize>,
-    /// Emulate a network link between the ranks: `BANDWIDTH[,LATENCY][,jitter=D]`, e.g.
-    /// `1gbit,50us` or `100mbit,1ms`; `;rankN=100mbit` makes rank N the slow one. Also read
-    /// from GRADWIRE_LINK (and GRADWIRE_LINK_RANK_N) when not given.
-    #[arg(long, value_name = "SPEC")]
-    pub link: Option<LinkConfig>,
-    /// Write a Chrome trace of every rank's step phases and tensor operations (open it in
-    /// Perfetto): FILE merged, FILE with `.rankN` before its extension per rank, and one
-    /// step drawn as FILE with the extension `.png`.
-    #[arg(long, value_name = "FILE")]
-    pub timeline: Option<PathBuf>,
-    /// Momentum correction (DGC, sections 3.2 and 3.3). `auto` (the default) follows each
-    /// paper: the optimizer applies momentum after aggregation for every codec but DGC,
-    /// whose momentum correction is part of the method. `on` uses it for every codec (SGD
-    /// with momentum only): each worker folds momentum into its gradient before the codec,
-    /// zeroes it where a sparsifying codec sent (momentum factor masking), and the optimizer
-    /// keeps momentum for weight decay alone (the DGC reference optimizer). `off` equals
-    /// `auto` (DGC always owns its momentum).
-    #[arg(long, value_enum)]
-    pub momentum_correction: Option<MomentumMode>,
-    /// Run DGC under an adaptive optimizer (Adam, Adagrad) anyway. Refused by default: the
-    /// per-coordinate normalisation turns DGC's accumulated sparse update into one ordinary
-    /// step, losing the accumulation (the char-LSTM report measured +71% perplexity).
-    #[arg(long)]
-    pub allow_dgc_adaptive: bool,
-    /// Where the optimizer's `clip=C` applies. `global` (the default): to the aggregated
-    /// gradient, as on one machine, except for DGC, whose paper clips each worker's gradient
-    /// at C/sqrt(N) before accumulation. `local`: that for every codec (and dense), so error
-    /// feedback keeps what a clip of the aggregate would cut: a sparsifier's aggregate
-    /// carries residuals of many steps, and clipping it loses them. Needs `clip=C` in the
-    /// optimizer.
-    #[arg(long, value_enum)]
-    pub clip_scope: Option<ClipScope>,
-    /// Epochs to train [default: 1].
-    #[arg(long)]
-    pub epochs: Option<usize>,
-    /// Base learning rate (overrides the optimizer spec's).
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// Optimizer spec, e.g. `sgd:lr=0.05,momentum=0.9` or `adam:lr=1e-3` (default per model).
-    #[arg(long)]
-    pub optimizer: Option<OptimizerConfig>,
-    /// Samples per step on each worker [default: 64, or 32 for lstm].
-    #[arg(long)]
-    pub batch: Option<usize>,
-    /// Seed of initialization, shuffles and stochastic codecs (a run repeats exactly)
-    /// [default: 42].
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Cap on steps per epoch (for short runs).
-    #[arg(long)]
-    pub max_steps: Option<usize>,
-    /// Cap on held-out samples evaluated per epoch.
-    #[arg(long)]
-    pub eval_limit: Option<usize>,
-    /// 1: one-step-stale double buffering (CNTK's 1-bit SGD): step t's gradient is averaged
-    /// while step t+1's forward/backward runs, and applied one step late — a deviation from
-    /// synchronous SGD, which needs a smaller learning rate with momentum (LeNet: lr 0.02 at
-    /// momentum 0.9). 0 (default): synchronous.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=1))]
-    pub overlap_steps: Option<u8>,
-    /// Characters per training sequence (language models) [default: 64].
-    #[arg(long)]
-    pub seq_len: Option<usize>,
-    /// Compute threads per worker (default: the host's cores divided among the ranks on it).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Where the data sets are (default: $GRADWIRE_DATA, else ./data).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// Append each epoch's JSON line to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Directory for metrics.jsonl, run.json and the plots (default out/<model>-<codec>).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Write a checkpoint every N steps (0: never) under `OUT/checkpoints/`: one file per
-    /// rank (parameters, optimizer and engine state, position in the run, configuration),
-    /// and `step-<S>.complete` once every rank's is written; the two newest complete ones
-    /// are kept. Not with parameter servers or --overlap-steps 1.
-    #[arg(long, value_name = "N")]
-    pub checkpoint_every: Option<u64>,
-    /// Continue the run whose --out folder is DIR from its newest complete checkpoint (same
-    /// settings and world size; refused otherwise), ending bit for bit where the
-    /// uninterrupted run would. --out defaults to DIR.
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
+    /// What to train and how.
+    #[command(flatten)]
+    pub run: gradwire_job::Settings,
     /// Run the workers as threads of this process instead of processes (`--transport
     /// local` does the same).
     #[arg(long)]
@@ -159,55 +35,63 @@ pub struct TrainArgs {
     pub worker: bool,
     /// Parameter-server settings.
     #[command(flatten)]
-    pub ps: crate::train_ps::PsArgs,
+    pub ps: gradwire_job::ps::PsSettings,
     /// Model-parallel settings.
     #[command(flatten)]
-    pub mp: crate::train_parallel::ModelParallelArgs,
+    pub mp: gradwire_job::model_parallel::MpSettings,
     /// Elastic settings.
     #[command(flatten)]
-    pub elastic: crate::train_elastic::ElasticArgs,
+    pub elastic: gradwire_job::elastic::ElasticSettings,
 }
 
-/// The same settings as read from a TOML file (parsed with the same rules as the flags).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct TrainFile {
-    pub(super) model: Option<String>,
-    pub(super) dataset: Option<String>,
-    pub(super) workers: Option<usize>,
-    pub(super) codec: Option<String>,
-    pub(super) sync: Option<String>,
-    pub(super) rules: Option<Vec<String>>,
-    pub(super) fusion_bytes: Option<usize>,
-    pub(super) timeline: Option<PathBuf>,
-    pub(super) link: Option<String>,
-    pub(super) momentum_correction: Option<MomentumMode>,
-    pub(super) allow_dgc_adaptive: Option<bool>,
-    pub(super) clip_scope: Option<ClipScope>,
-    pub(super) epochs: Option<usize>,
-    pub(super) lr: Option<f64>,
-    pub(super) optimizer: Option<String>,
-    pub(super) batch: Option<usize>,
-    pub(super) seed: Option<u64>,
-    pub(super) max_steps: Option<usize>,
-    pub(super) eval_limit: Option<usize>,
-    pub(super) seq_len: Option<usize>,
-    pub(super) threads: Option<usize>,
-    pub(super) data: Option<PathBuf>,
-    pub(super) json: Option<PathBuf>,
-    pub(super) out: Option<PathBuf>,
-    pub(super) checkpoint_every: Option<u64>,
+impl TrainArgs {
+    /// The settings given as flags, as the plan takes them.
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            settings: &self.run,
+            ps: &self.ps,
+            mp: &self.mp,
+            elastic: &self.elastic,
+        }
+    }
+
+    /// The validated plan: the flags over `--config`'s file over the defaults
+    /// ([`Plan::new`]), this machine's calibration read (or made) only under `--codec auto`.
+    pub fn plan(&self, host: Host) -> Result<Plan> {
+        let host = Host {
+            worker: self.worker,
+            threads_as_workers: self.threads_as_workers,
+            ..host
+        };
+        Ok(Plan::new(
+            self.request(),
+            self.config.as_deref(),
+            host,
+            &machine_calibration,
+        )?)
+    }
 }
 
-/// Parses one string setting of the TOML file, naming the file and key on error.
-pub(super) fn from_file<T>(file: &str, key: &str, v: Option<String>) -> Result<Option<T>>
-where
-    T: std::str::FromStr,
-    T::Err: std::fmt::Display,
+/// This machine's calibration for `--codec auto`, read once per process from its cache
+/// (`gradwire_sim::auto::default_path`), or measured and saved there when there is none yet
+/// (one line on stderr says so). A cache that cannot be read or is invalid is an error
+/// naming the file.
+fn machine_calibration() -> std::result::Result<Calibration, gradwire_train::measure::CalibrateError>
 {
-    v.map(|s| {
-        s.parse::<T>()
-            .map_err(|e| anyhow::anyhow!("{file}: {key} = {s:?}: {e}"))
-    })
-    .transpose()
+    static CALIBRATION: OnceLock<Calibration> = OnceLock::new();
+    if let Some(c) = CALIBRATION.get() {
+        return Ok(c.clone());
+    }
+    let path = gradwire_sim::auto::default_path()?;
+    let start = std::time::Instant::now();
+    let (c, source) = cached(&path, crate::calibrate::git_revision())?;
+    if source == Source::Measured {
+        eprintln!(
+            "gradwire: no calibration of this machine yet: measured it in {:.1} s for --codec \
+             auto and saved it to {} (`gradwire calibrate` measures again)",
+            start.elapsed().as_secs_f64(),
+            path.display()
+        );
+    }
+    Ok(CALIBRATION.get_or_init(|| c).clone())
 }

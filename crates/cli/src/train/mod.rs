@@ -8,10 +8,7 @@
 
 mod args;
 mod output;
-mod plan;
 mod rank;
-#[cfg(test)]
-mod tests;
 
 use anyhow::{bail, Context, Result};
 use gradwire_transport::local::Local;
@@ -19,9 +16,9 @@ use gradwire_transport::local::Local;
 use crate::launch::{describe, spawn_quiet, RankSpec};
 
 pub use args::TrainArgs;
+pub use gradwire_job::{Host, Plan};
 pub use output::write_run;
 pub(crate) use output::{progress_bar, record};
-pub use plan::{Host, Plan};
 use rank::run_linked;
 pub(crate) use rank::{engine_config, record_partition_plan};
 
@@ -39,7 +36,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         let member = gradwire_run::elastic::Member::from_env(std::time::Duration::from_secs(30))
             .context("joining the elastic coordinator")?;
         if let Some(m) = member {
-            let threads = args.threads.is_some();
+            let threads = args.run.threads.is_some();
             return crate::train_elastic::run_member(&plan, elastic, m, args.quiet, threads);
         }
         if args.worker {

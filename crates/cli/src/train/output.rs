@@ -1,24 +1,13 @@
 //! What a run leaves behind and shows: its epoch records, `run.json` and the plots, the
-//! progress bar, and the link as run.json names it.
+//! progress bar.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use gradwire_train::EpochStats;
-use gradwire_transport::link::LinkConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::records::{EpochRecord, RunRecord};
-
-/// A link config as run.json records it: the default interface, then each rank's own
-/// (`1gbit,50000ns;rank3=100mbit,50000ns`).
-pub(super) fn link_label(cfg: &LinkConfig) -> String {
-    let mut s = cfg.default.to_string();
-    for (rank, spec) in &cfg.ranks {
-        s.push_str(&format!(";rank{rank}={spec}"));
-    }
-    s
-}
 
 /// An epoch's statistics as its JSON line records them (epochs counted from 1).
 pub(crate) fn record(s: &EpochStats) -> EpochRecord {

@@ -11,9 +11,9 @@ use gradwire_transport::link::Throttled;
 use gradwire_transport::Transport;
 
 use super::output::{progress_bar, record, write_run};
-use super::plan::Plan;
 use crate::plot::human_bytes;
 use crate::records::{append_jsonl, RunRecord};
+use gradwire_job::Plan;
 
 /// Trains on one rank, behind the emulated link when the plan has one. Under model
 /// parallelism the world first splits into this rank's replica and partition group (both

@@ -1,30 +1,92 @@
-//! Unit tests of `gradwire train`'s flags, TOML file and plan.
+//! Unit tests of the plan: flags, settings file, defaults and every rule between them.
 
 use clap::Parser;
 use gradwire_codec::{CodecConfig, CodecId};
 use gradwire_train::data::{default_data_dir, DatasetKind};
 use gradwire_train::ModelKind;
 
-use super::args::TrainFile;
-use super::*;
+use crate::auto::Calibration;
+use crate::elastic::ElasticSettings;
+use crate::model_parallel::MpSettings;
+use crate::ps::PsSettings;
+use crate::settings::FileSettings as TrainFile;
+use crate::{Host, Plan, PlanError, Request, Settings};
 
-#[derive(Parser)]
-struct Cli {
+mod ps;
+
+/// The flags as `gradwire train` holds them.
+#[derive(Parser, Debug)]
+pub(super) struct Flags {
     #[command(flatten)]
-    args: TrainArgs,
+    settings: Settings,
+    #[arg(long)]
+    threads_as_workers: bool,
+    #[command(flatten)]
+    ps: PsSettings,
+    #[command(flatten)]
+    mp: MpSettings,
+    #[command(flatten)]
+    elastic: ElasticSettings,
 }
 
-fn args(flags: &[&str]) -> std::result::Result<TrainArgs, clap::Error> {
-    Cli::try_parse_from(std::iter::once("train").chain(flags.iter().copied())).map(|c| c.args)
+impl Flags {
+    pub(super) fn merge(&self, file: TrainFile, name: &str, host: Host) -> Result<Plan, PlanError> {
+        let request = Request {
+            settings: &self.settings,
+            ps: &self.ps,
+            mp: &self.mp,
+            elastic: &self.elastic,
+        };
+        let host = Host {
+            threads_as_workers: self.threads_as_workers,
+            ..host
+        };
+        Plan::merge(request, file, name, host, &|| Ok(fixed()))
+    }
 }
 
-const ALONE: Host = Host {
+pub(super) fn args(flags: &[&str]) -> Result<Flags, clap::Error> {
+    Flags::try_parse_from(std::iter::once("train").chain(flags.iter().copied()))
+}
+
+pub(super) const ALONE: Host = Host {
     cores: 8,
     launched: None,
+    elastic_launched: false,
+    worker: false,
+    threads_as_workers: false,
 };
 
 fn file(toml_text: &str) -> TrainFile {
     toml::from_str(toml_text).unwrap()
+}
+
+/// A fixed, hand-written calibration: four ranks sharing two cores, as measured once on a
+/// 2-core machine, so that `--codec auto`'s choices here do not depend on the machine.
+fn fixed() -> Calibration {
+    use gradwire_sim::auto::{CodecTiming, FORMAT};
+    let t = |spec: &str, e, d| CodecTiming {
+        spec: spec.into(),
+        encode_s_per_elem: e,
+        decode_s_per_elem: d,
+    };
+    Calibration {
+        format: FORMAT,
+        codecs: vec![
+            t("fp16", 6.4e-9, 1.9e-8),
+            t("qsgd:bits=4", 7.2e-9, 3.45e-9),
+            t("terngrad", 2.1e-8, 6.8e-9),
+            t("onebit", 7.0e-9, 3.65e-9),
+            t("topk:ratio=0.01", 1.26e-8, 5.1e-10),
+        ],
+        loopback_alpha_s: 4.4e-6,
+        software_beta_s: 1.0e-9,
+        gamma_s: 1.0e-9,
+        host: "test".into(),
+        gradwire_version: "0.0.0".into(),
+        git_revision: None,
+        date: "2026-12-06T00:00:00Z".into(),
+    }
 }
 
 #[test]
@@ -145,7 +207,7 @@ fn auto_weighs_one_bit_sgd_only_where_no_momentum_follows_aggregation() {
             .unwrap()
     };
     let choice = |a: &[&str]| plan(a).codec_choice.unwrap();
-    let weighed = |c: &crate::auto_codec::Choice| c.candidates.join(",");
+    let weighed = |c: &crate::auto::Choice| c.candidates.join(",");
     // The default optimizer, SGD with momentum 0.9 after aggregation: no 1-bit SGD.
     let c = choice(&[]);
     assert_eq!(weighed(&c), "none,fp16,qsgd:bits=4");
@@ -374,6 +436,9 @@ fn dgc_under_an_adaptive_optimizer_is_refused_unless_allowed() {
 fn a_launcher_sets_the_world_and_threads_follow_the_ranks_on_the_host() {
     let launched = Host {
         cores: 8,
+        elastic_launched: false,
+        worker: false,
+        threads_as_workers: false,
         launched: Some((16, 4)),
     };
     let p = args(&["--workers", "2"])

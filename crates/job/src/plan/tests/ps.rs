@@ -1,29 +1,19 @@
-//! The PS flags of `gradwire train`: modes, defaults and refusals.
+//! The parameter-server flags in a plan: modes, defaults and refusals.
 
-use super::*;
-use crate::train::{Host, Plan};
-use clap::Parser;
+use gradwire_ps::{Consistency, UpdaterSpec};
+use gradwire_train::OptimizerConfig;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TrainArgs,
-}
+use super::{args, TrainFile, ALONE};
+use crate::{Plan, PlanError, PsMode};
 
-const ALONE: Host = Host {
-    cores: 8,
-    launched: None,
-};
-
-fn plan_of(flags: &[&str]) -> Result<Plan> {
-    let a = Cli::try_parse_from(std::iter::once("train").chain(flags.iter().copied()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .args;
-    a.plan(ALONE)
+fn plan_of(flags: &[&str]) -> Result<Plan, PlanError> {
+    args(flags)
+        .expect("flags that parse")
+        .merge(TrainFile::default(), "", ALONE)
 }
 
 fn refused(flags: &[&str], words: &[&str]) {
-    let e = format!("{:#}", plan_of(flags).unwrap_err());
+    let e = plan_of(flags).unwrap_err().to_string();
     for w in words {
         assert!(e.contains(w), "{flags:?}: {e}");
     }
@@ -103,22 +93,21 @@ fn ps_async_defaults_to_adagrad_and_keeps_a_named_optimizer() {
             "{mode}"
         );
     }
-    // An optimizer in the --config file is the user's choice too.
-    let dir = std::env::temp_dir().join(format!("gw-ps-default-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("train.toml");
-    std::fs::write(&file, "optimizer = \"sgd:lr=0.03,momentum=0.5\"\n").unwrap();
-    let f = file.to_str().unwrap();
+    // An optimizer in the settings file is the user's choice too.
+    let with_file = |text: &str| {
+        args(&["--sync", "ps-async"])
+            .unwrap()
+            .merge(toml::from_str(text).unwrap(), "train.toml", ALONE)
+            .unwrap()
+            .ps
+            .unwrap()
+            .updater
+    };
     assert_eq!(
-        updater(&["--sync", "ps-async", "--config", f]),
+        with_file("optimizer = \"sgd:lr=0.03,momentum=0.5\"\n"),
         UpdaterSpec::Momentum { lr: 0.03, mu: 0.5 }
     );
-    std::fs::write(&file, "lr = 0.004\n").unwrap();
-    assert_eq!(
-        adagrad_at(updater(&["--sync", "ps-async", "--config", f])),
-        Some(0.004)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(adagrad_at(with_file("lr = 0.004\n")), Some(0.004));
 }
 
 #[test]
@@ -175,9 +164,6 @@ fn bad_ps_flag_combinations_are_refused_by_name() {
         &["--sync", "ps-async", "--dead-policy", "shrink"],
         &["--dead-policy"],
     );
-    let e = Cli::try_parse_from(["train", "--sync", "ps-bogus"])
-        .err()
-        .unwrap()
-        .to_string();
+    let e = args(&["--sync", "ps-bogus"]).unwrap_err().to_string();
     assert!(e.contains("ps-async"), "{e}");
 }

@@ -1,0 +1,31 @@
+//! gradwire-job: a training job's plan, for every front end that starts one (the `gradwire`
+//! CLI today): what to train and how ([`Settings`], also the flags of `gradwire train`),
+//! merged over a TOML settings file over the defaults into one validated [`Plan`] before any
+//! thread or process starts, with every rule applied:
+//!
+//! - [`plan`]: the merge and its cross-checks (codec against strategy and optimizer,
+//!   on-disk checkpoints, `--codec auto`, model parallelism, elastic membership);
+//! - [`auto`]: `--codec auto`'s side in a job (the candidates of the optimizer, the
+//!   model's tensors; the policy itself is `gradwire_sim::auto`);
+//! - [`ps`]: parameter-server modes (Downpour, BSP, SSP, Sandblaster) and their flags;
+//! - [`model_parallel`]: DistBelief's model parallelism (partitions, replicas, a rank's
+//!   groups);
+//! - [`elastic`]: the range of world sizes and the commit period;
+//! - [`sync_mode`]: what `--sync` names.
+//!
+//! It holds what a run *is*, with its model; what front ends share without a model (the
+//! launcher's environment, elastic membership, the training rules, the run records) is
+//! `gradwire-run`, which the Python package uses without this crate.
+#![deny(missing_docs)]
+
+pub mod auto;
+pub mod elastic;
+pub mod model_parallel;
+pub mod plan;
+pub mod ps;
+pub mod settings;
+pub mod sync_mode;
+
+pub use plan::{link_label, Host, Plan, PlanError, Request};
+pub use settings::{FileSettings, Settings};
+pub use sync_mode::{PsMode, SyncMode};
