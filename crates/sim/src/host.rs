@@ -68,7 +68,7 @@ pub fn decode(all: &[Vec<u8>]) -> Result<(Vec<f64>, Vec<Vec<f64>>), TimingsError
 
 /// For the fuzz target: `data` split at every `0xff` byte into rank messages; decoding never
 /// panics, and what decodes has one step and the same number of passes per rank.
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, fuzzing))]
 pub fn fuzz_decode(data: &[u8]) {
     let all: Vec<Vec<u8>> = data.split(|&b| b == 0xff).map(<[u8]>::to_vec).collect();
     if let Ok((steps, compute)) = decode(&all) {

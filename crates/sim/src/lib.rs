@@ -16,11 +16,15 @@
 //!   ways plus the traffic across the partitions' boundaries, hence the speedup over one
 //!   partition.
 //!
+//! * [`sweep`] and [`projection`]: `gradwire simulate`'s grids of predictions (every link,
+//!   worker count and codec; every model, split, link and partition count), and [`report`]:
+//!   the data of its JSON report.
+//!
 //! * [`auto`]: `--codec auto`'s policy, a codec per tensor from these predictions, priced by
 //!   a [`Calibration`] of the user's machine (its JSON cache).
 //!
 //! * [`host`]: the timings the ranks of a shared-host measurement send rank 0 (a wire format,
-//!   decoded as untrusted).
+//!   decoded as untrusted), and [`lockstep`]: their summary as one shared-host step.
 //!
 //! Everything here is arithmetic on numbers the caller measured (`gradwire simulate
 //! --calibrate` measures them on this machine); nothing is timed in this crate. Units are
@@ -29,14 +33,18 @@
 pub mod auto;
 pub mod collective;
 pub mod host;
+pub mod lockstep;
 pub mod model_parallel;
 pub mod network;
 pub mod predict;
+pub mod projection;
+pub mod report;
+pub mod sweep;
 
 pub use auto::Calibration;
 pub use gradwire_engine::Strategy;
 pub use model_parallel::{mp_step, FcNet, MpConfig, MpStep, Split};
-pub use network::Network;
+pub use network::{Network, DEFAULT_GAMMA};
 pub use predict::{
     predict, step, CodecProfile, MeasuredStep, ModelProfile, Prediction, Scenario, StepBreakdown,
 };

@@ -79,8 +79,7 @@ pub fn network(link: Option<&LinkConfig>, calibration: &Calibration) -> Result<N
                 .values()
                 .copied()
                 .fold(cfg.default, |a, b| a.between(&b));
-            let wire = Network::from_link(&slowest, alpha, gamma)?;
-            Network::new(wire.alpha, wire.beta + beta, gamma)?
+            Network::from_link_with_stack(&slowest, alpha, beta, gamma)?
         }
         None => Network::new(alpha, beta, gamma)?,
     };
@@ -133,7 +132,7 @@ pub fn choose(
             .map_err(|source| AutoError::Plan {
                 codec: codec.to_string(),
                 tensor: t.name.clone(),
-                source,
+                source: Box::new(source),
             })?;
             let strategy = policy.first().map_or(Strategy::Dense, |p| p.strategy);
             let mut p = profile.clone();

@@ -103,7 +103,7 @@ pub enum AutoError {
         tensor: String,
         /// The engine's reason.
         #[source]
-        source: gradwire_engine::Error,
+        source: Box<gradwire_engine::Error>,
     },
     /// The cost model refused a prediction (a cost out of range, no workers).
     #[error("cost model: {0}")]

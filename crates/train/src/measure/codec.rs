@@ -39,6 +39,24 @@ impl CodecCost {
     }
 }
 
+/// [`measure_codec`] as the cost model's profile of the codec `spec` (`config` parsed).
+pub fn codec_profile(
+    spec: &str,
+    config: &CodecConfig,
+    infos: &[TensorInfo],
+    grad: &[f32],
+    seed: u64,
+) -> gradwire_sim::CodecProfile {
+    let cost = measure_codec(config, infos, grad, seed);
+    gradwire_sim::CodecProfile {
+        spec: spec.to_string(),
+        strategy: cost.strategy,
+        encode_s_per_elem: cost.encode_s_per_elem,
+        decode_s_per_elem: cost.decode_s_per_elem,
+        wire_bytes_per_elem: cost.wire_bytes_per_elem,
+    }
+}
+
 /// One codec of `config` per tensor of `infos` (as the engine builds them, seeded with
 /// `seed`), run on `grad` (the tensors' gradients one after the other): wire bytes per
 /// element, encode and decode seconds per element (medians of the same passes,

@@ -4,7 +4,8 @@
 //! This file owns the engine's own cost over the bare codec's (error feedback, stripe and
 //! factor planning, PowerSGD's orthogonalization and decompression, the progress thread):
 //! two in-process ranks over the `local` transport, no link emulation, so what is timed is
-//! the engine's CPU work and its copies.
+//! the engine's CPU work and its copies; and the factor by which that cost exceeds the bare
+//! codec's as the cost model predicts it ([`engine_factor`]).
 
 use std::time::Instant;
 
@@ -12,7 +13,9 @@ use gradwire_engine::codec::CodecConfig;
 use gradwire_engine::{Engine, EngineConfig, TensorSpec};
 use gradwire_transport::local::Local;
 
-use super::{median, MeasureError, Result, MIN_PASSES, WARMUP_PASSES};
+use gradwire_sim::{step, CodecProfile, ModelProfile, Network, Scenario, StepBreakdown};
+
+use super::{median, MeasureError, Result, Stack, MIN_PASSES, WARMUP_PASSES};
 
 /// Engine steps timed per codec by [`engine_step_time`] (after [`WARMUP_PASSES`]).
 pub const ENGINE_STEPS: usize = MIN_PASSES;
@@ -74,4 +77,82 @@ pub fn engine_step_time(
         );
     }
     Ok(out[0])
+}
+/// A codec's step through the engine against the cost model's prediction of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineFactor {
+    /// Seconds per step measured through the engine ([`engine_step_time`]).
+    pub measured_s: f64,
+    /// The cost model's step of the bare codec at two ranks over the stack's own network,
+    /// without compute.
+    pub predicted: StepBreakdown,
+    /// What the codec's costs are multiplied by so that the prediction meets the measurement:
+    /// `(measured - communication) / codec`, never below 1 (1 without codec work).
+    pub factor: f64,
+}
+
+/// The engine's cost over the bare codec's: `codec` (the cost model's profile of `config`,
+/// its costs measured bare) through the engine at two ranks in this process
+/// ([`engine_step_time`] on `grad`, the tensors of `specs`), against its predicted step over
+/// a network of the `stack`'s costs (the copies between two in-process ranks cost about the
+/// stack's per-byte time), for a model of `model`'s tensors without compute.
+#[allow(clippy::too_many_arguments)]
+pub fn engine_factor(
+    config: &CodecConfig,
+    specs: &[TensorSpec],
+    grad: &[f32],
+    seed: u64,
+    model: &ModelProfile,
+    codec: &CodecProfile,
+    stack: &Stack,
+    fusion_bytes: usize,
+) -> Result<EngineFactor> {
+    let measured_s = engine_step_time(config, specs, grad, seed)?;
+    let scenario = Scenario {
+        workers: 2,
+        network: Network::new(stack.alpha, stack.beta, stack.gamma)?,
+        overlap: 0.0,
+        fusion_bytes,
+        host: None,
+    };
+    let no_compute = ModelProfile {
+        compute_s: 0.0,
+        ..model.clone()
+    };
+    let predicted = step(&no_compute, codec, &scenario)?;
+    Ok(EngineFactor {
+        measured_s,
+        predicted,
+        factor: factor(measured_s, &predicted),
+    })
+}
+
+/// `(measured - communication) / codec`, at least 1; 1 without codec work.
+fn factor(measured_s: f64, predicted: &StepBreakdown) -> f64 {
+    if predicted.codec_s > 0.0 {
+        ((measured_s - predicted.comm_s) / predicted.codec_s).max(1.0)
+    } else {
+        1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_factor_is_what_the_codec_costs_must_grow_by_never_below_one() {
+        let b = |comm_s, codec_s| StepBreakdown {
+            compute_s: 0.0,
+            codec_s,
+            comm_s,
+            hidden_s: 0.0,
+            step_s: comm_s + codec_s,
+        };
+        // 10 ms measured, 2 ms of copies and 4 ms of codec predicted: the codec took 8 ms.
+        assert!((factor(0.010, &b(0.002, 0.004)) - 2.0).abs() < 1e-12);
+        // Faster than predicted: 1, never a discount.
+        assert_eq!(factor(0.001, &b(0.002, 0.004)), 1.0);
+        assert_eq!(factor(0.010, &b(0.002, 0.0)), 1.0);
+    }
 }

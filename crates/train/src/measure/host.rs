@@ -2,10 +2,10 @@
 //! scaled (`gradwire simulate --host-cores`).
 //!
 //! This file owns one rank's part ([`rank_steps`]: its training steps with its gradient
-//! all-reduced through an engine) and the summary of all ranks' timings ([`summarize`],
-//! [`HostStep`]). Starting the P ranks (processes of the CLI joined over TCP on 127.0.0.1
-//! without link emulation, as `gradwire train`'s workers are) and gathering their timings is
-//! the CLI's. A step so measured holds all its CPU work (compute, the codec, the engine's
+//! all-reduced through an engine); the summary of all ranks' timings ([`summarize`],
+//! [`HostStep`]) is arithmetic, `gradwire_sim::lockstep`'s. Starting the P ranks (processes
+//! of the CLI joined over TCP on 127.0.0.1 without link emulation, as `gradwire train`'s
+//! workers are) and gathering their timings is the CLI's. A step so measured holds all its CPU work (compute, the codec, the engine's
 //! planning and copies, the TCP stack, and the ranks' contention for the cores while they do
 //! it); a step's compute is, per pass, the slowest rank's.
 //!
@@ -30,6 +30,8 @@ use std::time::Instant;
 use gradwire_engine::{Engine, EngineConfig, TensorSpec};
 use gradwire_transport::Transport;
 
+pub use gradwire_sim::lockstep::{summarize, HostStep, Lockstep};
+
 use super::{MeasureError, Result, WARMUP_PASSES};
 use crate::data::Batch;
 use crate::Model;
@@ -39,55 +41,6 @@ pub const LOCKSTEP_PASSES: usize = 40;
 /// The most ranks measured sharing one host (each holds a model copy; beyond this the
 /// measurement would take minutes and gigabytes).
 pub const MAX_SHARED_WORKERS: usize = 64;
-
-/// Compute per step of `workers` ranks sharing the host.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Lockstep {
-    /// Ranks measured.
-    pub workers: usize,
-    /// Mean seconds of one rank's pass (what a rank's own compute timer reads).
-    pub mean_s: f64,
-    /// Mean over passes of the slowest rank's seconds (what the synchronous step waits for).
-    pub slowest_s: f64,
-}
-
-/// Per pass, the slowest rank's time; then the mean over passes, and the mean of all passes.
-/// `times[r][i]` is rank `r`'s pass `i`; every rank has the same number of passes. No ranks
-/// or no passes give zeros.
-pub fn summarize(times: &[Vec<f64>]) -> Lockstep {
-    let workers = times.len();
-    let passes = times.first().map_or(0, Vec::len);
-    if workers == 0 || passes == 0 {
-        return Lockstep {
-            workers,
-            mean_s: 0.0,
-            slowest_s: 0.0,
-        };
-    }
-    let slowest: f64 = (0..passes)
-        .map(|i| times.iter().map(|t| t[i]).fold(0.0, f64::max))
-        .sum::<f64>()
-        / passes as f64;
-    let mean = times.iter().flatten().sum::<f64>() / (workers * passes) as f64;
-    Lockstep {
-        workers,
-        mean_s: mean,
-        slowest_s: slowest,
-    }
-}
-
-/// A whole step of `workers` ranks sharing the host, measured without a link.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct HostStep {
-    /// Ranks measured.
-    pub workers: usize,
-    /// The codec (spec) the engine ran.
-    pub codec: String,
-    /// The compute of the step: per pass the slowest rank's compute, as in [`Lockstep`].
-    pub compute: Lockstep,
-    /// Seconds per step: the ranks' mean time from one pass's start to the next's.
-    pub step_s: f64,
-}
 
 /// One rank's training steps through an engine over `transport` with `config`: for
 /// [`LOCKSTEP_PASSES`] passes after [`WARMUP_PASSES`], forward and backward on `batch`, the
@@ -149,43 +102,4 @@ pub fn rank_steps<T: Transport + 'static>(
     let step_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64() / LOCKSTEP_PASSES as f64);
     let t = engine.shutdown()?;
     Ok((compute, step_s, t))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_step_waits_for_the_slowest_rank_of_each_pass() {
-        // Two ranks, three passes: the slowest of each pass is 3, 5, 4 (mean 4); all six
-        // passes average 3.
-        let times = vec![vec![3.0, 1.0, 4.0], vec![2.0, 5.0, 3.0]];
-        let l = summarize(&times);
-        assert_eq!(l.workers, 2);
-        assert!((l.slowest_s - 4.0).abs() < 1e-12, "{l:?}");
-        assert!((l.mean_s - 3.0).abs() < 1e-12, "{l:?}");
-        assert_eq!(summarize(&[]).slowest_s, 0.0);
-        assert_eq!(summarize(&[vec![], vec![]]).mean_s, 0.0);
-    }
-
-    #[test]
-    fn host_steps_keep_their_json_shape() {
-        // Rank 0 prints this line and the launcher parses it; simulate's JSON embeds it.
-        let h = HostStep {
-            workers: 2,
-            codec: "none".into(),
-            compute: Lockstep {
-                workers: 2,
-                mean_s: 0.5,
-                slowest_s: 0.75,
-            },
-            step_s: 1.0,
-        };
-        let s = serde_json::to_string(&h).unwrap();
-        assert_eq!(
-            s,
-            r#"{"workers":2,"codec":"none","compute":{"workers":2,"mean_s":0.5,"slowest_s":0.75},"step_s":1.0}"#
-        );
-        assert_eq!(serde_json::from_str::<HostStep>(&s).unwrap(), h);
-    }
 }

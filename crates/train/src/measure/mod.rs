@@ -14,7 +14,8 @@
 //! * [`stack`]: the software's per-message and per-byte cost over a TCP loopback pair and the
 //!   reduction cost ([`calibrate_stack`], [`one_way`]);
 //! * [`engine`]: one step of the engine averaging a gradient on two in-process ranks
-//!   ([`engine_step_time`]);
+//!   ([`engine_step_time`]), and its cost over the bare codec's predicted one
+//!   ([`engine_factor`]);
 //! * [`calibration`]: the costs `--codec auto` prices its candidates with (the stack's and
 //!   each codec's on a synthetic gradient, in about a second), and their cache
 //!   ([`calibrate`], [`cached`]);
@@ -33,9 +34,9 @@ pub mod passes;
 pub mod stack;
 
 pub use calibration::{cached, calibrate, CalibrateError, Source};
-pub use codec::{measure_codec, measure_codec_within, payloads_len, CodecCost};
+pub use codec::{codec_profile, measure_codec, measure_codec_within, payloads_len, CodecCost};
 pub use compute::{measure_compute, synthetic_batch};
-pub use engine::{engine_step_time, ENGINE_STEPS};
+pub use engine::{engine_factor, engine_step_time, EngineFactor, ENGINE_STEPS};
 pub use host::{rank_steps, summarize, HostStep, Lockstep, LOCKSTEP_PASSES, MAX_SHARED_WORKERS};
 pub use passes::{
     median, median_of_passes, median_within, Passes, MAX_PASSES, MIN_PASSES, MIN_SECONDS,
@@ -61,6 +62,9 @@ pub enum MeasureError {
     /// A measurement that needs two ranks was given another number of them.
     #[error("the measurement needs 2 ranks, got {0}")]
     Ranks(usize),
+    /// The cost model refused a prediction the measurement compares against.
+    #[error("cost model: {0}")]
+    Predict(#[from] gradwire_sim::Error),
     /// A thread of the measurement (one rank of it) panicked.
     #[error("{0} panicked")]
     Panicked(&'static str),
