@@ -4,12 +4,12 @@
 //! that the ranks of a job reach each other and reduce correctly; `bench` measures
 //! collectives and codecs.
 
-mod auto_codec;
 mod bench;
 mod bench_allreduce;
 mod bench_codecs;
 mod bench_engine;
 mod bench_ps;
+mod calibrate;
 mod check;
 mod hier;
 mod launch;
@@ -80,6 +80,11 @@ enum Command {
     /// Example: `gradwire simulate --model mlp:hidden=2048x3 --workers 8,64,1024 --link 10gbit
     /// --codec dgc:ratio=0.001 --json sim.json`.
     Simulate(Box<simulate::SimulateArgs>),
+    /// Measure this machine's costs for `--codec auto` and cache them.
+    ///
+    /// Writes $GRADWIRE_CALIBRATION, else $XDG_CACHE_HOME/gradwire/calibration.json, else
+    /// ~/.cache/gradwire/calibration.json (or --out), and prints what it measured.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 fn main() {
@@ -93,6 +98,7 @@ fn main() {
         Command::Bench(b) => bench::run(b).map(|()| 0),
         Command::Ps(p) => ps::run(p).map(|()| 0),
         Command::Simulate(a) => simulate::run(&a).map(|()| 0),
+        Command::Calibrate(a) => calibrate::run(&a).map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),

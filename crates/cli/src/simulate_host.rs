@@ -4,14 +4,14 @@
 //! of the model, joined over TCP on 127.0.0.1 without link emulation, as `gradwire train`'s
 //! workers are; each runs [`host_worker`], whose training steps through the engine are
 //! [`gradwire_train::measure::rank_steps`], and rank 0 prints the ranks' timings summarized
-//! ([`gradwire_train::measure::summarize`]) as one [`HostStep`]. What is measured, and why it
+//! ([`gradwire_sim::lockstep::host_step`]) as one [`HostStep`]. What is measured, and why it
 //! is measured rather than scaled, is [`gradwire_train::measure::host`]'s module doc.
 
 use anyhow::{bail, Context, Result};
 use gradwire_codec::CodecConfig;
 use gradwire_engine::EngineConfig;
 use gradwire_train::data::{Batch, DataShape};
-use gradwire_train::measure::{rank_steps, summarize, HostStep, MAX_SHARED_WORKERS};
+use gradwire_train::measure::{rank_steps, HostStep, MAX_SHARED_WORKERS};
 
 use crate::simulate::SimulateArgs;
 
@@ -93,13 +93,8 @@ pub fn host_worker(
     if rank != 0 {
         return Ok(());
     }
-    let (steps, times) = gradwire_sim::host::decode(&all)?;
-    let h = HostStep {
-        workers,
-        codec: String::new(),
-        compute: summarize(&times),
-        step_s: steps.iter().sum::<f64>() / workers as f64,
-    };
+    // The codec is named by the launcher, which knows its spec as given.
+    let h = gradwire_sim::lockstep::host_step(&all, "")?;
     println!("{}", serde_json::to_string(&h)?);
     Ok(())
 }

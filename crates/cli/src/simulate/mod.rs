@@ -2,8 +2,10 @@
 //! model with a codec on P workers over a link, from the cost model of `gradwire-sim`.
 //!
 //! This module is the command: its arguments, the flow from measurements to predictions, the
-//! tables and the JSON. The measurements themselves are [`gradwire_train::measure`]'s
-//! (its constants and functions are linked below).
+//! tables and the JSON. The measurements are [`gradwire_train::measure`]'s (its constants and
+//! functions are linked below); the predictions, their grids and the report's data are
+//! `gradwire_sim`'s ([`gradwire_sim::sweep`], [`gradwire_sim::projection`],
+//! [`gradwire_sim::report`]).
 //!
 //! What is measured on this machine, every run (a few seconds):
 //! * the model's compute per step as the trainer counts it: the median of at least
@@ -66,21 +68,18 @@ mod tests;
 use anyhow::{bail, Context, Result};
 use gradwire_codec::{CodecConfig, TensorInfo};
 use gradwire_engine::{Strategy, TensorSpec};
-use gradwire_sim::{predict, step, CodecProfile, MeasuredStep, ModelProfile, Network, Scenario};
+use gradwire_sim::report::{Inputs, MpInputs, SimResult};
+use gradwire_sim::sweep::{sweep, Sweep, DENSE};
+use gradwire_sim::{CodecProfile, ModelProfile, Network, DEFAULT_GAMMA};
 use gradwire_train::data::{DataShape, DatasetKind};
 use gradwire_train::measure::{
-    calibrate_stack, engine_step_time, measure_codec, measure_compute, synthetic_batch, Stack,
+    calibrate_stack, codec_profile, engine_factor, measure_compute, synthetic_batch, Stack,
 };
 use gradwire_transport::link::LinkConfig;
 
-/// The codec spec of dense fp32 (no codec).
-const DENSE: &str = "none";
-/// Seconds per byte reduced when not calibrated (10 GB/s of f32 adds).
-pub const DEFAULT_GAMMA: f64 = 0.1e-9;
-
 pub use args::SimulateArgs;
 use model_parallel::{model_parallel_plan, model_parallel_rows, print_mp_table};
-use report::{Inputs, MpInputs, SimReport, SimResult};
+use report::SimReport;
 use table::print_table;
 
 /// Runs `gradwire simulate`.
@@ -147,18 +146,9 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
         .iter()
         .map(|t| TensorInfo::new(t.shape.clone(), t.role))
         .collect();
-    let codec_profiles: Vec<CodecProfile> = codecs
+    let mut codec_profiles: Vec<CodecProfile> = codecs
         .iter()
-        .map(|(spec, c)| {
-            let cost = measure_codec(c, &infos, &grad, args.seed);
-            CodecProfile {
-                spec: spec.clone(),
-                strategy: cost.strategy,
-                encode_s_per_elem: cost.encode_s_per_elem,
-                decode_s_per_elem: cost.decode_s_per_elem,
-                wire_bytes_per_elem: cost.wire_bytes_per_elem,
-            }
-        })
+        .map(|(spec, c)| codec_profile(spec, c, &infos, &grad, args.seed))
         .collect();
     let stack = if args.calibrate {
         let s = calibrate_stack()?;
@@ -174,44 +164,34 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     } else {
         None
     };
-    let mut codec_profiles = codec_profiles;
     let mut engine_factors = Vec::new();
-    if let Some(s) = stack {
+    if let Some(s) = &stack {
         let specs: Vec<TensorSpec> = tensors
             .iter()
             .map(gradwire_train::ParamTensor::spec)
             .collect();
-        // Two ranks in one process: the copies cost about the stack's per-byte time.
-        let local = Network::new(s.alpha, s.beta, s.gamma)?;
         for ((_, config), c) in codecs.iter().zip(codec_profiles.iter_mut()) {
             if c.strategy == Strategy::Dense {
                 continue;
             }
-            let measured = engine_step_time(config, &specs, &grad, args.seed)?;
-            let scenario = Scenario {
-                workers: 2,
-                network: local,
-                overlap: 0.0,
-                fusion_bytes: args.fusion_bytes,
-                host: None,
-            };
-            let no_compute = ModelProfile {
-                compute_s: 0.0,
-                ..profile.clone()
-            };
-            let predicted = step(&no_compute, c, &scenario)?;
-            let factor = if predicted.codec_s > 0.0 {
-                ((measured - predicted.comm_s) / predicted.codec_s).max(1.0)
-            } else {
-                1.0
-            };
+            let f = engine_factor(
+                config,
+                &specs,
+                &grad,
+                args.seed,
+                &profile,
+                c,
+                s,
+                args.fusion_bytes,
+            )?;
+            let factor = f.factor;
             eprintln!(
                 "calibrated: {} through the engine: {:.1} ms per step at 2 ranks, bare codec \
                  {:.1} ms + copies {:.1} ms: codec costs x{factor:.2}",
                 c.spec,
-                measured * 1e3,
-                predicted.codec_s * 1e3,
-                predicted.comm_s * 1e3
+                f.measured_s * 1e3,
+                f.predicted.codec_s * 1e3,
+                f.predicted.comm_s * 1e3
             );
             c.encode_s_per_elem *= factor;
             c.decode_s_per_elem *= factor;
@@ -226,8 +206,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             beta: 0.0,
             gamma: DEFAULT_GAMMA,
         });
-        let mut net = Network::from_link(&cfg.default, s.alpha, s.gamma)?;
-        net.beta += s.beta;
+        let net = Network::from_link_with_stack(&cfg.default, s.alpha, s.beta, s.gamma)?;
         networks.push((spec.clone(), net));
     }
     if args.host_cores == Some(0) {
@@ -255,69 +234,29 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             }
         }
     }
-    let mut results = Vec::new();
-    let mut rows = Vec::new();
-    for (spec, net) in &networks {
-        for &workers in &args.workers {
-            let share = args
-                .host_cores
-                .map_or(1.0, |cores| (workers as f64 / cores as f64).max(1.0));
-            // With --host-cores (and no --compute-ms): the step of this codec measured on
-            // this host, or none (a --compute-ms is taken as given, with the codec costs
-            // scaled to the ranks sharing the cores).
-            let host_of = |codec: &str| {
-                let cores = args.host_cores?;
-                host_steps
-                    .iter()
-                    .find(|h| h.workers == workers && h.codec == codec)
-                    .map(|h| MeasuredStep {
-                        cores,
-                        compute_s: h.compute.slowest_s,
-                        step_s: h.step_s,
-                    })
-            };
-            let at = |host| Scenario {
-                workers,
-                network: *net,
-                overlap: args.overlap,
-                fusion_bytes: args.fusion_bytes,
-                host,
-            };
-            for c in &codec_profiles {
-                let shared = CodecProfile {
-                    encode_s_per_elem: c.encode_s_per_elem * share,
-                    decode_s_per_elem: c.decode_s_per_elem * share,
-                    ..c.clone()
-                };
-                let mut p = predict(&profile, &shared, &at(host_of(&c.spec)))?;
-                // On a shared host dense's own measured step is the speedup's baseline.
-                if let Some(h) = host_of(DENSE) {
-                    p.dense = step(&profile, &CodecProfile::dense(), &at(Some(h)))?;
-                    p.speedup = p.dense.step_s / p.step.step_s;
-                }
-                // Against one worker with the machine to itself.
-                p.efficiency = profile.compute_s / p.step.step_s;
-                rows.push((spec.clone(), workers, c.clone(), p));
-                results.push(SimResult {
-                    workers,
-                    link: spec.clone(),
-                    codec: c.spec.clone(),
-                    step_s: p.step.step_s,
-                    speedup: p.speedup,
-                    efficiency: p.efficiency,
-                });
-            }
-        }
-    }
+    let rows = sweep(&Sweep {
+        model: &profile,
+        codecs: &codec_profiles,
+        networks: &networks,
+        workers: &args.workers,
+        overlap: args.overlap,
+        fusion_bytes: args.fusion_bytes,
+        host_cores: args.host_cores,
+        host_steps: &host_steps,
+    })?;
+    let results: Vec<SimResult> = rows.iter().map(|r| r.result()).collect();
     print_table(&profile, &rows, args.compute_ms.is_none());
     let (model_parallel, model_parallel_inputs) = if mp_nets.is_empty() {
         (None, None)
     } else {
-        let flops = 6.0 * model.num_params() as f64 * args.batch as f64;
         let gflops = match args.mp_gflops {
             Some(g) => g,
-            None if profile.compute_s > 0.0 => flops / profile.compute_s / 1e9,
-            None => bail!("--compute-ms 0 gives no rate for --model-parallel: give --mp-gflops"),
+            None => gradwire_sim::projection::measured_gflops(
+                model.num_params(),
+                args.batch,
+                profile.compute_s,
+            )
+            .context("--compute-ms 0 gives no rate for --model-parallel: give --mp-gflops")?,
         };
         let inputs = MpInputs {
             batch: args.batch,

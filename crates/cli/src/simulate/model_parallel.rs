@@ -1,14 +1,15 @@
-//! The model-parallel projection of `gradwire simulate --model-parallel K,...`: the models
-//! and splits checked up front, one row per (model, split, link, K), and their table.
+//! The model-parallel projection of `gradwire simulate --model-parallel K,...`: its flags
+//! checked and handed to [`gradwire_sim::projection`], and the rows' table.
 
-use anyhow::{bail, Context, Result};
-use gradwire_sim::{mp_step, FcNet, MpConfig, Network};
+use anyhow::{bail, Result};
+use gradwire_sim::projection::{self, ProjectionError};
+use gradwire_sim::report::{MpInputs, MpRow};
+use gradwire_sim::{FcNet, Network};
 
 use super::args::SimulateArgs;
-use super::report::{MpInputs, MpRow};
 
 /// The models, splits and partition counts of `--model-parallel`, checked against the
-/// model before anything is measured (at a placeholder rate and link).
+/// model before anything is measured ([`projection::plan`]).
 pub(super) fn model_parallel_plan(args: &SimulateArgs) -> Result<Vec<FcNet>> {
     if args.model_parallel.is_empty() {
         return Ok(Vec::new());
@@ -21,69 +22,47 @@ pub(super) fn model_parallel_plan(args: &SimulateArgs) -> Result<Vec<FcNet>> {
             bail!("--mp-gflops must be a positive number, got {g}");
         }
     }
-    let config = MpConfig {
-        micro_batches: args.micro_batches,
-        half_rate_dim: args.mp_half_dim,
-        ..MpConfig::new(args.batch, 1e9)
-    };
-    let net = Network::new(0.0, 0.0, 0.0)?;
-    let mut nets = Vec::new();
-    for &p in &args.params {
-        let fc = FcNet::from_params(p, args.layers)
-            .with_context(|| format!("--params {p} in --layers {}", args.layers))?;
-        for &split in &args.mp_split {
-            for &k in &args.model_parallel {
-                mp_step(&fc, split, k, &config, &net).with_context(|| {
-                    format!(
-                        "--model-parallel {k} of {} parameters ({} layers of {})",
-                        fc.params(),
-                        fc.layers,
-                        fc.width
-                    )
-                })?;
-            }
-        }
-        nets.push(fc);
-    }
-    Ok(nets)
+    projection::plan(
+        &args.params,
+        args.layers,
+        &args.mp_split,
+        &args.model_parallel,
+        args.batch,
+        args.micro_batches,
+        args.mp_half_dim,
+    )
+    .map_err(|e| match e {
+        ProjectionError::Model {
+            params,
+            layers,
+            source,
+        } => anyhow::Error::new(source).context(format!("--params {params} in --layers {layers}")),
+        ProjectionError::Split {
+            k,
+            params,
+            layers,
+            width,
+            source,
+        } => anyhow::Error::new(source).context(format!(
+            "--model-parallel {k} of {params} parameters ({layers} layers of {width})"
+        )),
+    })
 }
 
-/// One row per (model, split, link, K), in that nesting.
+/// One row per (model, split, link, K), in that nesting ([`projection::rows`]).
 pub(super) fn model_parallel_rows(
     nets: &[FcNet],
     args: &SimulateArgs,
     inputs: &MpInputs,
     networks: &[(String, Network)],
 ) -> Result<Vec<MpRow>> {
-    let config = MpConfig {
-        micro_batches: inputs.micro_batches,
-        half_rate_dim: inputs.half_rate_dim,
-        ..MpConfig::new(inputs.batch, inputs.gflops * 1e9)
-    };
-    let mut rows = Vec::new();
-    for fc in nets {
-        for &split in &args.mp_split {
-            for (link, net) in networks {
-                for &k in &args.model_parallel {
-                    let s = mp_step(fc, split, k, &config, net)?;
-                    rows.push(MpRow {
-                        params: fc.params() as u64,
-                        layers: fc.layers,
-                        width: fc.width,
-                        k,
-                        split,
-                        link: link.clone(),
-                        step_s: s.step_s,
-                        compute_s: s.compute_s,
-                        boundary_bytes: s.boundary_bytes,
-                        comm_s: s.comm_s,
-                        speedup: s.speedup,
-                    });
-                }
-            }
-        }
-    }
-    Ok(rows)
+    Ok(projection::rows(
+        nets,
+        &args.mp_split,
+        &args.model_parallel,
+        inputs,
+        networks,
+    )?)
 }
 
 /// A parameter count as people write it: `100M`, `1.70B`.

@@ -1,14 +1,11 @@
 //! The table of `gradwire simulate`'s data-parallel predictions, one line per (link,
 //! workers, codec).
 
-use gradwire_sim::{CodecProfile, ModelProfile};
+use gradwire_sim::sweep::SweepRow;
+use gradwire_sim::ModelProfile;
 
 /// Prints the predictions under a header naming the model and where its compute came from.
-pub(super) fn print_table(
-    model: &ModelProfile,
-    rows: &[(String, usize, CodecProfile, gradwire_sim::Prediction)],
-    measured: bool,
-) {
+pub(super) fn print_table(model: &ModelProfile, rows: &[SweepRow], measured: bool) {
     println!(
         "# {}: {} elements, compute {:.1} ms/step ({})",
         model.name,
@@ -24,11 +21,12 @@ pub(super) fn print_table(
         "{:<14} {:>7} {:<24} {:<9} {:>10} {:>10} {:>10} {:>8} {:>8}",
         "link", "workers", "codec", "strategy", "step_ms", "codec_ms", "comm_ms", "speedup", "eff"
     );
-    for (link, workers, c, p) in rows {
+    for r in rows {
+        let (c, p) = (&r.codec, &r.prediction);
         println!(
             "{:<14} {:>7} {:<24} {:<9} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>8.3}",
-            link,
-            workers,
+            r.link,
+            r.workers,
             c.spec,
             c.strategy.to_string(),
             p.step.step_s * 1e3,
