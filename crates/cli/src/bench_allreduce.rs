@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use gradwire_collective::bench::{self, BenchOp, BenchSpec, HierarchicalAllReduce, SizeResult};
 use gradwire_collective::Algorithm;
@@ -14,6 +14,7 @@ use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
+use crate::bench::{emit, on_threads, write_json, Ranks};
 use crate::hier::Hier;
 use crate::launch::run_ranks_for_json;
 use crate::size::{format_size, parse_size};
@@ -103,73 +104,31 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
     if args.sizes.iter().any(|&s| s < 4) {
         bail!("every size must be at least 4 bytes (one f32)");
     }
-    let launched = gradwire_run::join::detect()?;
-    let kind = args.transport.resolve();
-    if args.worker
-        || (launched.is_some() && kind != TransportKind::Local)
-        || kind == TransportKind::Mpi
-    {
-        let mut t = match &launched {
-            Some(l) => gradwire_run::join::join_with(kind, l)?,
-            None => gradwire_run::join::join_from_env(kind)?,
-        };
-        let rank = t.rank();
-        let report = match link_config(args, t.world_size())? {
-            Some(cfg) => {
-                let mut t = Throttled::new(t, &cfg);
-                let hier = hierarchy(&mut t, kind)?;
-                measure(&mut t, hier, args)?
+    let report = match crate::bench::ranks(args.np, args.transport, args.worker)? {
+        Ranks::Joined(mut t) => {
+            let (rank, kind) = (t.rank(), args.transport.resolve());
+            if let Some(cfg) = link_config(args, t.world_size())? {
+                t = Box::new(Throttled::new(t, &cfg));
             }
-            None => {
-                let hier = hierarchy(&mut t, kind)?;
-                measure(&mut t, hier, args)?
-            }
-        };
-        if rank == 0 {
-            if args.worker {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                finish(&report, args)?;
-            }
+            let hier = hierarchy(&mut *t, kind)?;
+            let report = measure(&mut *t, hier, args)?;
+            return emit(rank, args.worker, &report, |r| finish(r, args));
         }
-        return Ok(());
-    }
-    if launched.is_some() {
-        // `local` under a launcher: every rank would run its own threads.
-        bail!("--transport local runs P threads of one process: start it without a launcher");
-    }
-    if args.np == 0 {
-        bail!("--np must be at least 1");
-    }
-    let report = match kind {
-        TransportKind::Local => {
-            let world: Vec<Box<dyn Transport>> = match link_config(args, args.np)? {
-                Some(cfg) => Throttled::wrap_all(Local::world(args.np), &cfg)
+        Ranks::Threads(np) => {
+            let world: Vec<Box<dyn Transport>> = match link_config(args, np)? {
+                Some(cfg) => Throttled::wrap_all(Local::world(np), &cfg)
                     .into_iter()
                     .map(|t| Box::new(t) as Box<dyn Transport>)
                     .collect(),
-                None => Local::world(args.np)
+                None => Local::world(np)
                     .into_iter()
                     .map(|t| Box::new(t) as Box<dyn Transport>)
                     .collect(),
             };
-            let handles: Vec<_> = world
-                .into_iter()
-                .map(|mut t| {
-                    let a = args.clone();
-                    std::thread::spawn(move || measure(&mut t, None, &a))
-                })
-                .collect();
-            let mut reports = Vec::new();
-            for h in handles {
-                reports.push(
-                    h.join()
-                        .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??,
-                );
-            }
-            reports.swap_remove(0)
+            let a = args.clone();
+            on_threads(world, move |mut t| measure(&mut t, None, &a))?
         }
-        _ => run_processes(args, kind)?,
+        Ranks::Processes(kind) => run_processes(args, kind)?,
     };
     finish(&report, args)
 }
@@ -197,32 +156,20 @@ pub fn link_arg(s: &str) -> std::result::Result<String, gradwire_transport::link
 }
 
 fn run_processes(args: &AllreduceBenchArgs, kind: TransportKind) -> Result<Report> {
+    let sizes: Vec<String> = args.sizes.iter().map(ToString::to_string).collect();
+    let op = args.op.to_possible_value().expect("value");
     let mut child_args = vec![
         "bench".to_string(),
         "allreduce".into(),
         "--worker".into(),
         format!("--transport={kind}"),
+        format!("--sizes={}", sizes.join(",")),
+        format!("--algo={}", args.algo),
+        format!("--op={}", op.get_name()),
+        format!("--warmup={}", args.warmup),
     ];
-    child_args.push(format!(
-        "--sizes={}",
-        args.sizes
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    ));
-    child_args.push(format!("--algo={}", args.algo));
-    child_args.push(format!(
-        "--op={}",
-        args.op.to_possible_value().expect("value").get_name()
-    ));
-    child_args.push(format!("--warmup={}", args.warmup));
-    if let Some(l) = &args.link {
-        child_args.push(format!("--link={l}"));
-    }
-    if let Some(i) = args.iters {
-        child_args.push(format!("--iters={i}"));
-    }
+    child_args.extend(args.link.iter().map(|l| format!("--link={l}")));
+    child_args.extend(args.iters.map(|i| format!("--iters={i}")));
     let mut report: Report = run_ranks_for_json(args.np, child_args)?;
     // The command that made the report is this one, not the workers'.
     report.provenance = Some(crate::records::Provenance::current());
@@ -231,11 +178,7 @@ fn run_processes(args: &AllreduceBenchArgs, kind: TransportKind) -> Result<Repor
 
 fn finish(report: &Report, args: &AllreduceBenchArgs) -> Result<()> {
     print_table(report);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    write_json(args.json.as_deref(), report)
 }
 
 fn print_table(r: &Report) {

@@ -6,13 +6,14 @@
 //! `{"np":4,"results":[{"case":"many-small","tensors":1000,"engine_ms":3.1,"per_tensor_ms":9.8,"flat_ms":2.9}]}`
 //! plus `transport`, `reps` and `provenance` at the top level.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use gradwire_engine::bench::{run_cases, BenchCase, CaseSummary};
 use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
+use crate::bench::{emit, on_threads, write_json, Ranks};
 use crate::bench_allreduce::TransportKind;
 use crate::launch::run_ranks_for_json;
 
@@ -66,50 +67,21 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     if args.np == 0 {
         bail!("--np must be at least 1");
     }
-    let launched = gradwire_run::join::detect()?;
-    let kind = args.transport.resolve();
-    if args.worker
-        || (launched.is_some() && kind != TransportKind::Local)
-        || kind == TransportKind::Mpi
-    {
-        let t = match &launched {
-            Some(l) => gradwire_run::join::join_with(kind, l)?,
-            None => gradwire_run::join::join_from_env(kind)?,
-        };
-        let (rank, np) = (t.rank(), t.world_size());
-        let results = measure(t, args)?;
-        if rank == 0 {
-            let report = report(np, results, args);
-            if args.worker {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                finish(&report, args)?;
-            }
+    let report = match crate::bench::ranks(args.np, args.transport, args.worker)? {
+        Ranks::Joined(t) => {
+            let (rank, np) = (t.rank(), t.world_size());
+            let report = report(np, measure(t, args)?, args);
+            return emit(rank, args.worker, &report, |r| finish(r, args));
         }
-        return Ok(());
-    }
-    if launched.is_some() {
-        bail!("--transport local runs P threads of one process: start it without a launcher");
-    }
-    let report = match kind {
-        TransportKind::Local => {
-            let handles: Vec<_> = Local::world(args.np)
+        Ranks::Threads(np) => {
+            let world = Local::world(np)
                 .into_iter()
-                .map(|t| {
-                    let a = args.clone();
-                    std::thread::spawn(move || measure(Box::new(t), &a))
-                })
+                .map(|t| Box::new(t) as _)
                 .collect();
-            let mut all = Vec::new();
-            for h in handles {
-                all.push(
-                    h.join()
-                        .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??,
-                );
-            }
-            report(args.np, all.swap_remove(0), args)
+            let a = args.clone();
+            report(np, on_threads(world, move |t| measure(t, &a))?, args)
         }
-        _ => {
+        Ranks::Processes(kind) => {
             let mut r = run_processes(args, kind)?;
             r.provenance = Some(crate::records::Provenance::current());
             r
@@ -144,18 +116,7 @@ fn run_processes(args: &EngineBenchArgs, kind: TransportKind) -> Result<Report> 
 }
 
 fn finish(report: &Report, args: &EngineBenchArgs) -> Result<()> {
-    println!(
-        "{:<11} {:>8} {:>11} {:>14} {:>9} {:>12} {:>9} {:>7} {:>6}",
-        "case",
-        "tensors",
-        "engine ms",
-        "per-tensor ms",
-        "flat ms",
-        "vs per-tensor",
-        "vs flat",
-        "rounds",
-        "spec"
-    );
+    println!("case         tensors   engine ms  per-tensor ms   flat ms vs per-tensor   vs flat  rounds   spec");
     for r in &report.results {
         println!(
             "{:<11} {:>8} {:>11.3} {:>14.3} {:>9.3} {:>11.2}x {:>8.2}x {:>7.2} {:>6.2}",
@@ -170,9 +131,5 @@ fn finish(report: &Report, args: &EngineBenchArgs) -> Result<()> {
             r.engine_speculative
         );
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    write_json(args.json.as_deref(), report)
 }

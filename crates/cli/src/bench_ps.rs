@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use gradwire_ps::bench::{PsBenchSpec, SizeResult};
 use gradwire_transport::Transport;
@@ -87,19 +87,7 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
     )?;
     drop(shards);
     report.provenance = Some(crate::records::Provenance::current());
-    println!(
-        "{:<7} {:>9} {:>13} {:>13} {:>7} {:>9} {:>9} {:>9} {:>12} {:>12}",
-        "size",
-        "floats",
-        "allreduce ms",
-        "push_pull ms",
-        "ratio",
-        "push ms",
-        "pull ms",
-        "apply ms",
-        "ps B/worker",
-        "ar B/rank"
-    );
+    println!("size       floats  allreduce ms  push_pull ms   ratio   push ms   pull ms  apply ms  ps B/worker    ar B/rank");
     for r in &report.results {
         println!(
             "{:<7} {:>9} {:>13.3} {:>13.3} {:>6.2}x {:>9.3} {:>9.3} {:>9.3} {:>12} {:>12}",
@@ -115,11 +103,7 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
             r.allreduce_bytes_per_rank
         );
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    crate::bench::write_json(args.json.as_deref(), &report)
 }
 
 /// The real LeNet's parameter count (Fashion-MNIST's shape).
