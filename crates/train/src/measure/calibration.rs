@@ -35,8 +35,8 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(60);
 #[derive(Debug, thiserror::Error)]
 pub enum CalibrateError {
     /// The cache exists but cannot be read or holds no valid calibration, or writing it
-    /// failed (the message names the file and `gradwire calibrate`, which remakes it).
-    #[error("{0}: run `gradwire calibrate` to make it again")]
+    /// failed (the message names the file).
+    #[error(transparent)]
     File(#[from] CalibrationError),
     /// A measurement failed.
     #[error("measuring: {0}")]
