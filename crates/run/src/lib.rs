@@ -7,6 +7,9 @@
 //! - [`join`]: which launcher started this process (gradwire launch, torchrun, mpirun, srun,
 //!   MPICH), read from its environment, and the transport (`tcp`, `shm`, `mpi`) that joins the
 //!   job;
+//! - [`launch`]: the process launcher: starting N local ranks of a command with their
+//!   environment, passing their output and the signals this process gets on, stopping them
+//!   all on the first failure, and elastic jobs (the coordinator, the join file);
 //! - [`report`]: the records a run writes (`run.json`, `metrics.jsonl`) and the report that
 //!   compares runs: the matrix of runs, time to accuracy, the Markdown tables;
 //! - [`rules`]: the training rules between a codec and the optimizer: DGC owns the momentum
@@ -20,6 +23,7 @@ pub const GIT_REV: &str = env!("GRADWIRE_GIT_REV");
 
 pub mod elastic;
 pub mod join;
+pub mod launch;
 pub mod report;
 pub mod rules;
 
