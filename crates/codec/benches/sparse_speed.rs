@@ -2,7 +2,8 @@
 //!
 //! Reports wall time and on-CPU time (from `/proc/thread-self/schedstat`, Linux), min over
 //! repetitions, so numbers stay meaningful on a shared machine:
-//! `cargo run --release -p gradwire-codec --example sparse_speed [reps] [spec;spec...]`.
+//! `cargo bench -p gradwire-codec --bench sparse_speed -- [reps] [spec;spec...]`.
+#![allow(missing_docs)] // a bench binary: nothing here is API
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -30,7 +31,8 @@ fn measure(reps: usize, mut f: impl FnMut()) -> (f64, Option<f64>) {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` passes `--bench`; the rest are this bench's own arguments.
+    let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let specs = args.next().unwrap_or_else(|| {
         "topk:ratio=0.001,ef=false;topk:ratio=0.001;dgc:ratio=0.001,warmup_epochs=0".into()
