@@ -23,7 +23,6 @@ mod simulate;
 mod simulate_host;
 mod size;
 mod train;
-mod train_checkpoint;
 mod train_elastic;
 mod train_parallel;
 mod train_ps;

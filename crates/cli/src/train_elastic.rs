@@ -408,7 +408,7 @@ fn generation(
         if let Some(p) = &plan.save_params {
             crate::train_ps::save_params(p, trainer.params())?;
         }
-        run.epochs = crate::train_checkpoint::finished_epochs(&plan.out, u64::MAX)?
+        run.epochs = gradwire_job::checkpoint::finished_epochs(&plan.out, u64::MAX)?
             .into_iter()
             .map(|(_, r)| r)
             .collect();
@@ -441,7 +441,7 @@ fn start_metrics(plan: &Plan, generation: u64, epoch: u64) -> Result<()> {
     let keep = if generation == 0 {
         Vec::new()
     } else {
-        crate::train_checkpoint::finished_epochs(&plan.out, epoch)?
+        gradwire_job::checkpoint::finished_epochs(&plan.out, epoch)?
     };
     let lines: String = keep
         .iter()

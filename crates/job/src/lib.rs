@@ -5,6 +5,8 @@
 //!
 //! - [`plan`]: the merge and its cross-checks (codec against strategy and optimizer,
 //!   on-disk checkpoints, `--codec auto`, model parallelism, elastic membership);
+//! - [`checkpoint`]: on-disk checkpoints: the configuration a checkpoint must match, every
+//!   rank's save with its barrier, resuming;
 //! - [`auto`]: `--codec auto`'s side in a job (the candidates of the optimizer, the
 //!   model's tensors; the policy itself is `gradwire_sim::auto`);
 //! - [`ps`]: parameter-server modes (Downpour, BSP, SSP, Sandblaster) and their flags;
@@ -19,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod auto;
+pub mod checkpoint;
 pub mod elastic;
 pub mod model_parallel;
 pub mod plan;

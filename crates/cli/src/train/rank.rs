@@ -58,7 +58,7 @@ fn run_rank<T: Transport + 'static>(
     let (rank, world) = (t.rank(), t.world_size());
     let part_index = partition.as_ref().map(|(j, _)| *j);
     let resume = match &plan.resume {
-        Some(dir) => Some(crate::train_checkpoint::load(dir, plan, rank, world)?),
+        Some(dir) => Some(gradwire_job::checkpoint::load(dir, plan, rank, world)?),
         None => None,
     };
     let data = plan
@@ -86,7 +86,7 @@ fn run_rank<T: Transport + 'static>(
         trainer
             .restore(ck)
             .with_context(|| format!("rank {rank}: resuming from step {}", ck.global_step))?;
-        crate::train_checkpoint::agree(&mut trainer, ck.global_step)?;
+        gradwire_job::checkpoint::agree(&mut trainer, ck.global_step)?;
     }
     let steps = trainer.steps_per_epoch(data.train.len());
     let reporting = rank == 0 && part_index.unwrap_or(0) == 0;
@@ -126,7 +126,7 @@ fn run_rank<T: Transport + 'static>(
         // A resumed run's metrics continue the finished epochs' lines (read before
         // metrics.jsonl is started afresh: --out may be the resumed folder).
         let done = match (&resume, &plan.resume) {
-            (Some(ck), Some(dir)) => crate::train_checkpoint::finished_epochs(dir, ck.epoch)?,
+            (Some(ck), Some(dir)) => gradwire_job::checkpoint::finished_epochs(dir, ck.epoch)?,
             _ => Vec::new(),
         };
         std::fs::create_dir_all(&plan.out)
@@ -174,7 +174,7 @@ fn run_rank<T: Transport + 'static>(
             match trainer.run_epoch_until(&data, &mut on_step, pause)? {
                 Some(stats) => break stats,
                 None => {
-                    ckpt_s += crate::train_checkpoint::save(&mut trainer, plan, world)?;
+                    ckpt_s += gradwire_job::checkpoint::save(&mut trainer, plan, world)?;
                     ckpt_n += 1;
                 }
             }
@@ -212,7 +212,7 @@ fn run_rank<T: Transport + 'static>(
     if reporting && ckpt_n > 0 {
         eprintln!(
             "gradwire train: {ckpt_n} checkpoint(s) in {}, {:.1} ms each on rank 0",
-            crate::train_checkpoint::dir(&plan.out).display(),
+            gradwire_job::checkpoint::dir(&plan.out).display(),
             ckpt_s * 1e3 / f64::from(ckpt_n)
         );
     }
