@@ -7,7 +7,7 @@
 //!   link spec ([`Network::from_link`]) or measured.
 //! * [`collective`]: the standard formulas per all-reduce algorithm (ring, recursive
 //!   doubling, Rabenseifner, the engine's canonical pairwise exchange) and all-gather.
-//! * [`predict`]: per strategy the engine uses (dense, gather, sparse, stripe, powersgd) the
+//! * [`predict`](mod@predict): per strategy the engine uses (dense, gather, sparse, stripe, powersgd) the
 //!   communication and codec time of one step for a [`ModelProfile`] and a [`CodecProfile`],
 //!   hence the step time, the speedup over dense and the scaling efficiency.
 //!
@@ -26,8 +26,9 @@
 //! * [`host`]: the timings the ranks of a shared-host measurement send rank 0 (a wire format,
 //!   decoded as untrusted), and [`lockstep`]: their summary as one shared-host step.
 //!
-//! Everything here is arithmetic on numbers the caller measured (`gradwire simulate
-//! --calibrate` measures them on this machine); nothing is timed in this crate. Units are
+//! Everything here is arithmetic on numbers the caller measured (`gradwire_train::measure`
+//! measures them for `gradwire simulate` and `gradwire calibrate`); nothing is timed in this
+//! crate. Units are
 //! seconds and bytes throughout.
 
 pub mod auto;

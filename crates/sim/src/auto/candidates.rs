@@ -61,7 +61,7 @@ fn canonical(spec: &str) -> Option<String> {
 }
 
 /// Parses a candidate list (comma-separated specs from [`KNOWN`]) and prices each from
-/// `calibration` (`none` costs nothing; its strategy stays `auto` until [`super::choose`]
+/// `calibration` (`none` costs nothing; its strategy stays `auto` until [`super::choose()`]
 /// resolves it per tensor).
 pub fn candidates(
     list: &str,

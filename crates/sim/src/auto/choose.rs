@@ -88,7 +88,7 @@ pub fn network(link: Option<&LinkConfig>, calibration: &Calibration) -> Result<N
 
 /// Chooses a codec per tensor for `workers` ranks over `link` (this machine's loopback
 /// without one), the engine fusing tensors into buffers of `fusion_bytes`, from `candidates`
-/// ([`super::candidates`]) priced by `calibration`'s network.
+/// ([`super::candidates()`]) priced by `calibration`'s network.
 pub fn choose(
     tensors: &[TensorSpec],
     workers: usize,

@@ -4,7 +4,7 @@
 //! For every gradient tensor and every candidate codec the engine's own plan gives the
 //! strategy it would use (stripe, gather, sparse, dense); the cost model then predicts the
 //! tensor's encode, wire and decode time over the job's link (`--link`, or the machine's
-//! loopback) at the job's world size ([`choose`]). The cheapest candidate wins, dense on
+//! loopback) at the job's world size ([`choose()`]). The cheapest candidate wins, dense on
 //! ties. The choice becomes one exact-name engine rule per tensor ([`Choice::rules`]).
 //!
 //! # Calibration

@@ -2,7 +2,7 @@
 //! its cache.
 //!
 //! This file owns making a [`Calibration`] ([`calibrate`]): the stack's costs as
-//! [`calibrate_stack`](super::calibrate_stack) measures them (about a quarter of a second),
+//! [`calibrate_stack`] measures them (about a quarter of a second),
 //! and each codec `auto` knows ([`KNOWN`]) encoding and decoding a synthetic 1024 x 1024
 //! linear weight's gradient in this process, the median of at least [`CALIBRATION_PASSES`]
 //! passes over [`CALIBRATION_SECONDS`] each ([`measure_codec_within`]): about a second in
