@@ -13,7 +13,8 @@
 //! - [`model_parallel`]: DistBelief's model parallelism (partitions, replicas, a rank's
 //!   groups);
 //! - [`elastic`]: the range of world sizes and the commit period;
-//! - [`sync_mode`]: what `--sync` names.
+//! - [`sync_mode`]: what `--sync` names;
+//! - [`plot`]: the PNG charts a job leaves behind (curves, report charts, a timeline step).
 //!
 //! It holds what a run *is*, with its model; what front ends share without a model (the
 //! launcher's environment, elastic membership, the training rules, the run records) is
@@ -25,6 +26,7 @@ pub mod checkpoint;
 pub mod elastic;
 pub mod model_parallel;
 pub mod plan;
+pub mod plot;
 pub mod ps;
 pub mod settings;
 pub mod sync_mode;
