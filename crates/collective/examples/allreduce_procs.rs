@@ -9,7 +9,10 @@
 //!     tcp|shm NP 4KiB,64KiB,1MiB [algo]
 //! ```
 //! Prints one JSON object (`{"np":..,"transport":..,"results":[{"bytes","median_us",
-//! "busbw_gbps"}]}`) on stdout.
+//! "busbw_gbps"}]}`) on stdout. After the timed iterations of each size, every rank checks
+//! one more all-reduce against the sum it must give (rank `r` contributes `(r + 1) · (j mod
+//! 13)` at element `j`: small integers, exact in `f32`); a rank that finds a wrong element
+//! fails, and so does the run.
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -84,6 +87,7 @@ fn worker(kind: &str, sizes: &[usize], algo: Algorithm) {
                     .for_each(|(j, x)| *x = (j % 13) as f32);
             }
         }
+        check(&mut *t, elems, algo);
         t.all_reduce(&mut times, ReduceOp::Max).expect("max");
         times.sort_by(f64::total_cmp);
         let med = times[times.len() / 2];
@@ -99,6 +103,19 @@ fn worker(kind: &str, sizes: &[usize], algo: Algorithm) {
             "{{\"np\":{np},\"transport\":\"{kind}\",\"algo\":\"{algo}\",\"results\":[{}]}}",
             out.join(",")
         );
+    }
+}
+
+/// One all-reduce of `elems` values against the reference sum (see the module doc).
+fn check(t: &mut dyn Transport, elems: usize, algo: Algorithm) {
+    let (rank, np) = (t.rank() as f32, t.world_size() as f32);
+    let mut buf: Vec<f32> = (0..elems).map(|j| (rank + 1.0) * (j % 13) as f32).collect();
+    t.all_reduce_with(&mut buf, ReduceOp::Sum, algo)
+        .expect("all-reduce");
+    let ranks_sum = np * (np + 1.0) / 2.0;
+    for (j, &x) in buf.iter().enumerate() {
+        let want = ranks_sum * (j % 13) as f32;
+        assert_eq!(x, want, "rank {rank}: element {j} of {elems}");
     }
 }
 

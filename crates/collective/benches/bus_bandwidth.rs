@@ -6,8 +6,9 @@
 //! the median of the iterations (after one warm-up), taken as the slowest rank's.
 //!
 //! ```text
-//! cargo run --release -p gradwire-collective --example bus_bandwidth [-- MAX_SECONDS_PER_CELL]
+//! cargo bench -p gradwire-collective --bench bus_bandwidth [-- MAX_SECONDS_PER_CELL]
 //! ```
+#![allow(missing_docs)] // a bench binary: nothing here is API
 
 use std::time::{Duration, Instant};
 
@@ -73,8 +74,10 @@ fn time_all_reduce(kind: &str, n: usize, bytes: usize, budget: Duration) -> f64 
 
 fn main() {
     let budget = Duration::from_secs_f64(
+        // `cargo bench` passes `--bench`; the rest are this bench's own arguments.
         std::env::args()
-            .nth(1)
+            .skip(1)
+            .find(|a| !a.starts_with("--"))
             .and_then(|a| a.parse().ok())
             .unwrap_or(0.3),
     );
