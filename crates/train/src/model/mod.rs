@@ -175,6 +175,23 @@ pub trait Model: Send {
     fn evaluate(&self, batch: &Batch) -> Result<Eval>;
 }
 
+/// [`Model::params`] of a model whose parameters are one flat buffer: `out` becomes a copy
+/// of `params`.
+pub(crate) fn copy_params(params: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend_from_slice(params);
+}
+
+/// [`Model::set_params`] of a model whose parameters are one flat buffer: `params` becomes
+/// a copy of `flat`.
+///
+/// # Panics
+/// When `flat.len() != params.len()`.
+pub(crate) fn overwrite_params(params: &mut [f32], flat: &[f32]) {
+    assert_eq!(flat.len(), params.len(), "flat parameter buffer length");
+    params.copy_from_slice(flat);
+}
+
 /// Most hidden layers a `mlp:hidden=...` spec may ask for.
 pub const MAX_HIDDEN_LAYERS: usize = 8;
 /// Widest hidden layer a `mlp:hidden=...` spec may ask for.

@@ -11,7 +11,7 @@ use super::work::Work;
 use super::{C1, C2, EVAL_CHUNK, F1, F2, KK};
 use crate::data::Batch;
 use crate::error::{ConfigError, Result};
-use crate::model::{Eval, Model, ModelKind, ParamTensor};
+use crate::model::{copy_params, overwrite_params, Eval, Model, ModelKind, ParamTensor};
 
 impl Model for CpuLeNet {
     fn kind(&self) -> ModelKind {
@@ -35,17 +35,11 @@ impl Model for CpuLeNet {
     }
 
     fn params(&self, out: &mut Vec<f32>) {
-        out.clear();
-        out.extend_from_slice(&self.params);
+        copy_params(&self.params, out);
     }
 
     fn set_params(&mut self, flat: &[f32]) {
-        assert_eq!(
-            flat.len(),
-            self.params.len(),
-            "flat parameter buffer length"
-        );
-        self.params.copy_from_slice(flat);
+        overwrite_params(&mut self.params, flat);
     }
 
     fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {

@@ -70,13 +70,16 @@ mod tests;
 pub use plan::{Direction, Exchange, HeldTensor, PartPlan, PartitionPlan, Pattern, WholeTensor};
 pub use split::{Split, MAX_MICRO_BATCHES};
 
+use std::sync::Mutex;
+
 use gradwire_transport::Transport;
 
 use self::arch::Arch;
+use self::link::Link;
 use super::cpu_lenet::log_softmax_row;
-use super::{Eval, Model, ModelKind, ParamTensor};
+use super::{copy_params, overwrite_params, Eval, Model, ModelKind, ParamTensor};
 use crate::data::{Batch, DataShape, ImageBatch};
-use crate::error::{Error, ModelError, PartitionError, Result};
+use crate::error::{ConfigError, Error, ModelError, PartitionError, Result};
 
 /// Samples per chunk of an evaluation (bounds its buffers).
 const EVAL_CHUNK: usize = 128;
@@ -191,15 +194,21 @@ impl PartitionSpec {
         drop(whole);
         let params = plan.slice(index, &flat)?;
         drop(flat);
-        let held = &plan.parts[index].tensors;
+        let tensors = plan.parts[index]
+            .tensors
+            .iter()
+            .map(|h| ParamTensor {
+                name: h.name.clone(),
+                shape: h.shape.clone(),
+                role: arch.tensors[h.tensor].role,
+            })
+            .collect();
         let k = self.partitions;
-        let inner: Box<dyn Model> = match self.split {
-            Split::Tensor => Box::new(tensor::TensorMlp::new(&arch, held, params, link, k, index)?),
+        let passes: Box<dyn Passes> = match self.split {
+            Split::Tensor => Box::new(tensor::TensorMlp::new(&arch, params.len(), k, index)?),
             Split::Pipeline { micro_batches } => Box::new(pipeline::Pipeline::new(
                 &arch,
-                held,
-                params,
-                link,
+                params.len(),
                 (k, index),
                 micro_batches,
             )?),
@@ -207,9 +216,30 @@ impl PartitionSpec {
         Ok(PartitionedModel {
             spec: *self,
             index,
-            inner,
+            inputs: arch.inputs(),
+            classes: arch.classes,
+            params,
+            tensors,
+            link: Mutex::new(link),
+            passes,
         })
     }
+}
+
+/// The forward and backward passes of one partition (its run of layers, or its share of
+/// every layer's units) over the parameters and the link its [`PartitionedModel`] holds.
+trait Passes: Send {
+    /// [`Model::forward_backward`] on a checked batch of at least one sample.
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        batch: &ImageBatch,
+        grads: &mut Vec<f32>,
+        link: &mut Link,
+    ) -> Result<f32>;
+
+    /// [`Model::evaluate`] on a checked batch.
+    fn evaluate(&self, params: &[f32], batch: &ImageBatch, link: &mut Link) -> Result<Eval>;
 }
 
 /// One partition of a split model: a [`Model`] of its own tensors (named after the whole
@@ -219,7 +249,15 @@ impl PartitionSpec {
 pub struct PartitionedModel {
     spec: PartitionSpec,
     index: usize,
-    inner: Box<dyn Model>,
+    /// Values per image and classes of the data.
+    inputs: usize,
+    classes: usize,
+    /// This partition's parameters, in the flat order of `tensors`.
+    params: Vec<f32>,
+    tensors: Vec<ParamTensor>,
+    /// Locked by evaluations, which see the model shared.
+    link: Mutex<Link>,
+    passes: Box<dyn Passes>,
 }
 
 impl PartitionedModel {
@@ -237,39 +275,57 @@ impl PartitionedModel {
     pub fn plan(&self, batch: usize) -> Result<PartitionPlan> {
         self.spec.plan(batch)
     }
+
+    /// The batch as this model's images (see [`check_images`]).
+    fn images<'b>(&self, batch: &'b Batch) -> Result<&'b ImageBatch> {
+        check_images(self.spec.kind, batch, self.inputs, self.classes)
+    }
 }
 
 impl Model for PartitionedModel {
     fn kind(&self) -> ModelKind {
-        self.inner.kind()
+        self.spec.kind
     }
 
     fn num_params(&self) -> usize {
-        self.inner.num_params()
+        self.params.len()
     }
 
     fn layout(&self) -> Vec<usize> {
-        self.inner.layout()
+        self.tensors.iter().map(ParamTensor::len).collect()
     }
 
     fn tensors(&self) -> Vec<ParamTensor> {
-        self.inner.tensors()
+        self.tensors.clone()
     }
 
     fn params(&self, out: &mut Vec<f32>) {
-        self.inner.params(out)
+        copy_params(&self.params, out);
     }
 
     fn set_params(&mut self, flat: &[f32]) {
-        self.inner.set_params(flat)
+        overwrite_params(&mut self.params, flat);
     }
 
     fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {
-        self.inner.forward_backward(batch, grads)
+        let b = self.images(batch)?;
+        if b.labels.is_empty() {
+            return Err(ConfigError::EmptyBatch.into());
+        }
+        let link = self
+            .link
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.passes.forward_backward(&self.params, b, grads, link)
     }
 
     fn evaluate(&self, batch: &Batch) -> Result<Eval> {
-        self.inner.evaluate(batch)
+        let b = self.images(batch)?;
+        let mut link = self
+            .link
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.passes.evaluate(&self.params, b, &mut link)
     }
 }
 

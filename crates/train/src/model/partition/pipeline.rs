@@ -22,16 +22,15 @@
 //! sums of its [`Eval`] the same way.
 
 use std::ops::Range;
-use std::sync::Mutex;
 
 use super::arch::Arch;
 use super::layer::{Op, Scratch};
 use super::link::{chunk, Link};
 use super::plan::{Direction, Exchange, HeldTensor, Pattern, WholeTensor};
-use super::{check_images, eval_logits, loss_and_grad, EVAL_CHUNK};
-use crate::data::Batch;
-use crate::error::{ConfigError, Error, PartitionError, Result};
-use crate::model::{Eval, Model, ModelKind, ParamTensor};
+use super::{eval_logits, loss_and_grad, Passes, EVAL_CHUNK};
+use crate::data::ImageBatch;
+use crate::error::{Error, PartitionError, Result};
+use crate::model::Eval;
 
 /// The layers of each partition: contiguous runs minimizing the largest run's cost.
 pub(crate) fn assign(arch: &Arch, k: usize) -> Result<Vec<Range<usize>>> {
@@ -157,31 +156,25 @@ impl Slot {
 
 /// One partition of a model split across its layers.
 pub(crate) struct Pipeline {
-    kind: ModelKind,
     index: usize,
     parts: usize,
     micro: usize,
     classes: usize,
     inputs: usize,
     ops: Vec<Op>,
-    /// Where each layer's weight starts in `params` (one more: the end).
+    /// Where each layer's weight starts in the partition's parameters (one more: the end).
     offs: Vec<usize>,
-    params: Vec<f32>,
-    tensors: Vec<ParamTensor>,
     slots: Vec<Slot>,
     gy: Vec<f32>,
     gx: Vec<f32>,
-    link: Mutex<Link>,
 }
 
 impl Pipeline {
-    /// Partition `p` of `k` running `micro` micro-batches, with its `held` tensors (from
-    /// [`held`]) and their values.
+    /// Partition `p` of `k` running `micro` micro-batches, whose tensors (from [`held`])
+    /// have `params` values in all.
     pub(crate) fn new(
         arch: &Arch,
-        held: &[HeldTensor],
-        params: Vec<f32>,
-        link: Link,
+        params: usize,
         (k, p): (usize, usize),
         micro: usize,
     ) -> Result<Pipeline> {
@@ -191,23 +184,14 @@ impl Pipeline {
         for op in &ops {
             offs.push(offs[offs.len() - 1] + op.weight_len() + op.bias_len());
         }
-        if offs[ops.len()] != params.len() {
+        if offs[ops.len()] != params {
             return Err(Error::LengthMismatch {
                 what: "pipeline partition parameters",
                 expected: offs[ops.len()],
-                got: params.len(),
+                got: params,
             });
         }
-        let tensors = held
-            .iter()
-            .map(|h| ParamTensor {
-                name: h.name.clone(),
-                shape: h.shape.clone(),
-                role: arch.tensors[h.tensor].role,
-            })
-            .collect();
         Ok(Pipeline {
-            kind: arch.kind,
             index: p,
             parts: k,
             micro,
@@ -215,12 +199,9 @@ impl Pipeline {
             inputs: arch.inputs(),
             ops,
             offs,
-            params,
-            tensors,
             slots: Vec::new(),
             gy: Vec::new(),
             gx: Vec::new(),
-            link: Mutex::new(link),
         })
     }
 
@@ -232,11 +213,13 @@ impl Pipeline {
         self.index + 1 == self.parts
     }
 
-    /// Forward pass of the `n` samples of `range` through this partition's layers into
-    /// `slot`: the input comes from the images (first partition) or the partition before;
-    /// the output goes to the next partition unless this is the last.
+    /// Forward pass of the `n` samples of `range` through this partition's layers (with
+    /// parameters `params`) into `slot`: the input comes from the images (first partition)
+    /// or the partition before; the output goes to the next partition unless this is the
+    /// last.
     fn forward(
         &self,
+        params: &[f32],
         pixels: &[f32],
         range: Range<usize>,
         slot: &mut Slot,
@@ -256,7 +239,7 @@ impl Pipeline {
             let (before, after) = slot.acts.split_at_mut(i + 1);
             let y = &mut after[0];
             y.resize(n * op.out_per_sample(), 0.0);
-            let p = &self.params[self.offs[i]..self.offs[i + 1]];
+            let p = &params[self.offs[i]..self.offs[i + 1]];
             op.forward(p, &before[i], y, n, &mut slot.scratch[i]);
         }
         if !self.last() {
@@ -266,72 +249,32 @@ impl Pipeline {
     }
 }
 
-impl Model for Pipeline {
-    fn kind(&self) -> ModelKind {
-        self.kind
-    }
-
-    fn num_params(&self) -> usize {
-        self.params.len()
-    }
-
-    fn layout(&self) -> Vec<usize> {
-        self.tensors.iter().map(ParamTensor::len).collect()
-    }
-
-    fn tensors(&self) -> Vec<ParamTensor> {
-        self.tensors.clone()
-    }
-
-    fn params(&self, out: &mut Vec<f32>) {
-        out.clear();
-        out.extend_from_slice(&self.params);
-    }
-
-    fn set_params(&mut self, flat: &[f32]) {
-        assert_eq!(
-            flat.len(),
-            self.params.len(),
-            "flat parameter buffer length"
-        );
-        self.params.copy_from_slice(flat);
-    }
-
-    fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {
-        let b = check_images(self.kind, batch, self.inputs, self.classes)?;
-        let n = b.labels.len();
-        if n == 0 {
-            return Err(ConfigError::EmptyBatch.into());
-        }
-        let m = non_empty(n, self.micro);
+impl Passes for Pipeline {
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        b: &ImageBatch,
+        grads: &mut Vec<f32>,
+        link: &mut Link,
+    ) -> Result<f32> {
+        let m = non_empty(b.labels.len(), self.micro);
         let mut slots = std::mem::take(&mut self.slots);
         slots.resize_with(m.max(slots.len()), Slot::default);
         let (mut gy, mut gx) = (std::mem::take(&mut self.gy), std::mem::take(&mut self.gx));
-        let got = {
-            let mut link = self
-                .link
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.step(b, m, &mut slots, (&mut gy, &mut gx), grads, &mut link)
-        };
+        let got = self.step(params, b, m, &mut slots, (&mut gy, &mut gx), grads, link);
         self.slots = slots;
         (self.gy, self.gx) = (gy, gx);
         got
     }
 
-    fn evaluate(&self, batch: &Batch) -> Result<Eval> {
-        let b = check_images(self.kind, batch, self.inputs, self.classes)?;
-        let mut link = self
-            .link
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    fn evaluate(&self, params: &[f32], b: &ImageBatch, link: &mut Link) -> Result<Eval> {
         let mut slot = Slot::default();
         let mut eval = Eval::default();
         let n = b.labels.len();
         let mut start = 0;
         while start < n {
             let end = (start + EVAL_CHUNK).min(n);
-            self.forward(&b.pixels, start..end, &mut slot, &mut link)?;
+            self.forward(params, &b.pixels, start..end, &mut slot, link)?;
             if self.last() {
                 let logits = &slot.acts[self.ops.len()];
                 eval_logits(logits, &b.labels[start..end], self.classes, &mut eval);
@@ -356,10 +299,12 @@ impl Model for Pipeline {
 }
 
 impl Pipeline {
-    /// One training step of `m` micro-batches (see the module doc).
+    /// One training step of `m` micro-batches with parameters `params` (see the module doc).
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
-        b: &crate::data::ImageBatch,
+        params: &[f32],
+        b: &ImageBatch,
         m: usize,
         slots: &mut [Slot],
         (gy, gx): (&mut Vec<f32>, &mut Vec<f32>),
@@ -371,7 +316,7 @@ impl Pipeline {
         let mut loss_sum = 0.0f64;
         for (j, slot) in slots.iter_mut().enumerate().take(m) {
             let range = chunk(n, m, j);
-            self.forward(&b.pixels, range.clone(), slot, link)?;
+            self.forward(params, &b.pixels, range.clone(), slot, link)?;
             if self.last() {
                 let k = range.len();
                 slot.glogits.resize(k * self.classes, 0.0);
@@ -393,7 +338,7 @@ impl Pipeline {
             link.recv(self.parts - 1, &mut loss)?;
         }
         grads.clear();
-        grads.resize(self.params.len(), 0.0);
+        grads.resize(params.len(), 0.0);
         for (j, slot) in slots.iter_mut().enumerate().take(m) {
             let k = chunk(n, m, j).len();
             gy.resize(k * self.ops[l - 1].out_per_sample(), 0.0);
@@ -407,7 +352,7 @@ impl Pipeline {
                 gx.resize(k * op.in_per_sample(), 0.0);
                 let (lo, hi) = (self.offs[i], self.offs[i + 1]);
                 op.backward(
-                    &self.params[lo..hi],
+                    &params[lo..hi],
                     &slot.acts[i],
                     &slot.acts[i + 1],
                     gy,

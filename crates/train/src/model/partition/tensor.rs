@@ -27,17 +27,16 @@
 //! all-reduce gives every partition the same bits, so the replicated activations never drift.
 
 use std::ops::Range;
-use std::sync::Mutex;
 
 use super::arch::Arch;
 use super::layer::{add_bias, add_col_sums, Op};
 use super::link::{chunk, Link};
 use super::plan::{all_reduce_bytes, Direction, Exchange, HeldTensor, Pattern, WholeTensor};
-use super::{check_images, loss_and_grad, EVAL_CHUNK};
-use crate::data::Batch;
-use crate::error::{ConfigError, Error, PartitionError, Result};
+use super::{eval_logits, loss_and_grad, Passes, EVAL_CHUNK};
+use crate::data::ImageBatch;
+use crate::error::{Error, PartitionError, Result};
 use crate::model::cpu_lenet::{bias_relu, mat, matmul, relu_mask};
-use crate::model::{Eval, Model, ModelKind, ParamTensor};
+use crate::model::Eval;
 
 /// How the layers group: a lone first row layer when the count is odd, then pairs.
 fn groups(layers: usize) -> Vec<Range<usize>> {
@@ -184,26 +183,15 @@ struct Work {
 
 /// One partition of an MLP split within its layers.
 pub(crate) struct TensorMlp {
-    kind: ModelKind,
     classes: usize,
     inputs: usize,
     groups: Vec<Group>,
-    params: Vec<f32>,
-    tensors: Vec<ParamTensor>,
-    link: Mutex<Link>,
     work: Work,
 }
 
 impl TensorMlp {
-    /// Partition `p` of `k` with its `held` tensors (from [`held`]) and their values.
-    pub(crate) fn new(
-        arch: &Arch,
-        held: &[HeldTensor],
-        params: Vec<f32>,
-        link: Link,
-        k: usize,
-        p: usize,
-    ) -> Result<TensorMlp> {
+    /// Partition `p` of `k`, whose tensors (from [`held`]) have `params` values in all.
+    pub(crate) fn new(arch: &Arch, params: usize, k: usize, p: usize) -> Result<TensorMlp> {
         let mut groups_out = Vec::new();
         let mut at = 0;
         let mut take = |len: usize| {
@@ -245,29 +233,17 @@ impl TensorMlp {
                 },
             });
         }
-        if at != params.len() {
+        if at != params {
             return Err(Error::LengthMismatch {
                 what: "tensor-split partition parameters",
                 expected: at,
-                got: params.len(),
+                got: params,
             });
         }
-        let tensors = held
-            .iter()
-            .map(|h| ParamTensor {
-                name: h.name.clone(),
-                shape: h.shape.clone(),
-                role: arch.tensors[h.tensor].role,
-            })
-            .collect();
         Ok(TensorMlp {
-            kind: arch.kind,
             classes: arch.classes,
             inputs: arch.inputs(),
             groups: groups_out,
-            params,
-            tensors,
-            link: Mutex::new(link),
             work: Work::default(),
         })
     }
@@ -342,50 +318,17 @@ impl TensorMlp {
     }
 }
 
-impl Model for TensorMlp {
-    fn kind(&self) -> ModelKind {
-        self.kind
-    }
-
-    fn num_params(&self) -> usize {
-        self.params.len()
-    }
-
-    fn layout(&self) -> Vec<usize> {
-        self.tensors.iter().map(ParamTensor::len).collect()
-    }
-
-    fn tensors(&self) -> Vec<ParamTensor> {
-        self.tensors.clone()
-    }
-
-    fn params(&self, out: &mut Vec<f32>) {
-        out.clear();
-        out.extend_from_slice(&self.params);
-    }
-
-    fn set_params(&mut self, flat: &[f32]) {
-        assert_eq!(
-            flat.len(),
-            self.params.len(),
-            "flat parameter buffer length"
-        );
-        self.params.copy_from_slice(flat);
-    }
-
-    fn forward_backward(&mut self, batch: &Batch, grads: &mut Vec<f32>) -> Result<f32> {
-        let b = check_images(self.kind, batch, self.inputs, self.classes)?;
+impl Passes for TensorMlp {
+    fn forward_backward(
+        &mut self,
+        p: &[f32],
+        b: &ImageBatch,
+        grads: &mut Vec<f32>,
+        link: &mut Link,
+    ) -> Result<f32> {
         let n = b.labels.len();
-        if n == 0 {
-            return Err(ConfigError::EmptyBatch.into());
-        }
         let mut w = std::mem::take(&mut self.work);
         self.load(&mut w, &b.pixels);
-        let link = self
-            .link
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let p = &self.params;
         let got = (|| {
             Self::forward(&self.groups, p, n, &mut w, link)?;
             let nc = self.classes;
@@ -467,12 +410,7 @@ impl Model for TensorMlp {
         got
     }
 
-    fn evaluate(&self, batch: &Batch) -> Result<Eval> {
-        let b = check_images(self.kind, batch, self.inputs, self.classes)?;
-        let mut link = self
-            .link
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    fn evaluate(&self, p: &[f32], b: &ImageBatch, link: &mut Link) -> Result<Eval> {
         let mut w = Work::default();
         let mut eval = Eval::default();
         let per = self.inputs;
@@ -482,8 +420,8 @@ impl Model for TensorMlp {
             .zip(b.labels.chunks(EVAL_CHUNK))
         {
             self.load(&mut w, px);
-            Self::forward(&self.groups, &self.params, labels.len(), &mut w, &mut link)?;
-            super::eval_logits(&w.acts[self.groups.len()], labels, self.classes, &mut eval);
+            Self::forward(&self.groups, p, labels.len(), &mut w, link)?;
+            eval_logits(&w.acts[self.groups.len()], labels, self.classes, &mut eval);
         }
         Ok(eval)
     }
