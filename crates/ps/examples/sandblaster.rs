@@ -6,7 +6,9 @@
 //! 100 examples and then 40 units of 500. Every 100 examples cost 2 ms of emulated compute
 //! (a sleep) on a normal worker and 10 ms on worker 0 (5× slower). Three runs per unit
 //! size: no straggler; straggler without backups; straggler with backups. Each run does the
-//! same 10 L-BFGS iterations.
+//! same 10 L-BFGS iterations. Every run must lower the loss, and count its backups
+//! consistently (none without backups; no more won than issued; every unit of every pass
+//! run at least once); the times are shown, not checked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +62,21 @@ fn compare(addrs: &[std::net::SocketAddr], unit_size: usize) {
             ..SandblasterConfig::default()
         };
         let r = run(addrs.to_vec(), obj.clone(), &w0, 4, &cfg).unwrap();
+        let (first, last) = (r.losses[0], *r.losses.last().unwrap());
+        assert!(
+            r.losses.iter().all(|l| l.is_finite()) && last < first,
+            "{name}: loss {first} -> {last}"
+        );
+        assert!(r.backups_won <= r.backups_issued, "{name}: {r:?}");
+        if !backups {
+            assert_eq!(r.backups_issued, 0, "{name}");
+        }
+        assert!(
+            r.units_run >= r.passes * (20_000 / unit_size),
+            "{name}: {} units run in {} passes",
+            r.units_run,
+            r.passes
+        );
         let secs = r.elapsed.as_secs_f64();
         let b = *base.get_or_insert(secs);
         println!(

@@ -1,9 +1,10 @@
 //! Throughput of push_pull rounds: 4 workers, 2 shards, loopback TCP, sync SGD.
 //!
-//! `cargo run --release -p gradwire-ps --example ps_throughput`
+//! `cargo bench -p gradwire-ps --bench ps_throughput`
 //!
 //! Prints ms per push_pull round for a LeNet-sized model (62k f32) and a 16 MiB model
 //! (4 Mi f32), in sync and async mode, then micro-timings of the pieces a round is made of.
+#![allow(missing_docs)] // a bench binary: nothing here is API
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
