@@ -1,13 +1,15 @@
 //! Runs the engine bench (`engine` vs `per_tensor` vs `flat`) on a `Local` world of threads:
-//! `cargo run --release -p gradwire-engine --example bench_engine -- [NP] [REPS] [canonical|tree|collective] [CASE]`
+//! `cargo bench -p gradwire-engine --bench bench_engine -- [NP] [REPS] [canonical|tree|collective] [CASE]`
 //! (`CASE`: `lenet`, `lstm` or `many-small`; default all).
+#![allow(missing_docs)] // a bench binary: nothing here is API
 
 use gradwire_engine::bench::{run, BenchCase};
 use gradwire_engine::{DenseAlgorithm, EngineConfig};
 use gradwire_transport::local::Local;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` passes `--bench`; the rest are this bench's own arguments.
+    let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let np: usize = args.next().map(|a| a.parse().expect("NP")).unwrap_or(4);
     let reps: usize = args.next().map(|a| a.parse().expect("REPS")).unwrap_or(20);
     let dense = match args.next().as_deref() {
