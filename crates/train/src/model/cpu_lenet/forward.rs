@@ -1,5 +1,5 @@
 //! The forward pass ([`CpuLeNet`]'s `forward`: conv, pool, linear layers as GEMMs over the
-//! batch) and the log-softmax of the logits.
+//! batch), the log-softmax of the logits and their evaluation.
 
 use super::geometry::{Geom, Offsets};
 use super::layers::{bias_relu, bias_relu_pool, im2col};
@@ -7,6 +7,7 @@ use super::matmul::{mat, matmul};
 use super::net::CpuLeNet;
 use super::work::Work;
 use super::{C1, C2, F1, F2, KK};
+use crate::model::Eval;
 
 impl CpuLeNet {
     /// Forward pass of `n` samples of `pixels` (`[N, C, H, W]`) into `work` (logits in
@@ -143,5 +144,24 @@ pub(crate) fn log_softmax_row(z: &[f32], out: &mut [f32]) {
     let lse = m + s.ln();
     for (o, &x) in out.iter_mut().zip(z) {
         *o = x - lse;
+    }
+}
+
+/// Adds the loss sum, correct count and sample count of `logits` against `labels` to
+/// `eval` (the first maximum wins, as burn's argmax).
+pub(crate) fn eval_logits(logits: &[f32], labels: &[u8], classes: usize, eval: &mut Eval) {
+    let mut lp = vec![0.0f32; classes];
+    for (s, &label) in labels.iter().enumerate() {
+        let z = &logits[s * classes..][..classes];
+        log_softmax_row(z, &mut lp);
+        let mut best = 0;
+        for (j, &v) in lp.iter().enumerate() {
+            if v > lp[best] {
+                best = j;
+            }
+        }
+        eval.correct += u64::from(best == usize::from(label));
+        eval.loss_sum -= f64::from(lp[usize::from(label)]);
+        eval.n += 1;
     }
 }

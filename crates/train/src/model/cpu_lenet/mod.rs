@@ -29,7 +29,7 @@ mod model;
 mod net;
 mod work;
 
-pub(crate) use forward::log_softmax_row;
+pub(crate) use forward::{eval_logits, log_softmax_row};
 pub(crate) use layers::{bias_relu, bias_relu_pool, col2im, im2col, relu_mask, relu_pool_backward};
 pub(crate) use matmul::{mat, matmul};
 pub(crate) use net::CpuLeNet;

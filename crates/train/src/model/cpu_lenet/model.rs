@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::forward::log_softmax_row;
+use super::forward::{eval_logits, log_softmax_row};
 use super::layers::{col2im, linear_backward, relu_mask, relu_pool_backward};
 use super::matmul::{mat, matmul};
 use super::net::CpuLeNet;
@@ -147,7 +147,6 @@ impl Model for CpuLeNet {
         let per = g.c0 * g.h0 * g.w0;
         let mut work = Work::default();
         let mut eval = Eval::default();
-        let mut logp = vec![0.0f32; g.classes];
         for (px, labels) in b
             .pixels
             .chunks(EVAL_CHUNK * per)
@@ -155,19 +154,7 @@ impl Model for CpuLeNet {
         {
             let n = labels.len();
             Self::forward(&g, &self.off, &self.params, px, n, &mut work);
-            for (s, &label) in labels.iter().enumerate() {
-                log_softmax_row(&work.z5[s * g.classes..][..g.classes], &mut logp);
-                // First maximum wins, as burn's argmax.
-                let mut best = 0;
-                for (j, &v) in logp.iter().enumerate() {
-                    if v > logp[best] {
-                        best = j;
-                    }
-                }
-                eval.correct += u64::from(best == usize::from(label));
-                eval.loss_sum -= f64::from(logp[usize::from(label)]);
-                eval.n += 1;
-            }
+            eval_logits(&work.z5, labels, g.classes, &mut eval);
         }
         Ok(eval)
     }

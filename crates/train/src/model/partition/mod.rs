@@ -76,7 +76,7 @@ use gradwire_transport::Transport;
 
 use self::arch::Arch;
 use self::link::Link;
-use super::cpu_lenet::log_softmax_row;
+use super::cpu_lenet::{eval_logits, log_softmax_row};
 use super::{copy_params, overwrite_params, Eval, Model, ModelKind, ParamTensor};
 use crate::data::{Batch, DataShape, ImageBatch};
 use crate::error::{ConfigError, Error, ModelError, PartitionError, Result};
@@ -386,23 +386,4 @@ fn loss_and_grad(
         gr[usize::from(label)] -= inv;
     }
     loss
-}
-
-/// Adds the loss sum, correct count and sample count of `logits` against `labels` to
-/// `eval` (the first maximum wins, as burn's argmax).
-fn eval_logits(logits: &[f32], labels: &[u8], classes: usize, eval: &mut Eval) {
-    let mut lp = vec![0.0f32; classes];
-    for (s, &label) in labels.iter().enumerate() {
-        let z = &logits[s * classes..][..classes];
-        log_softmax_row(z, &mut lp);
-        let mut best = 0;
-        for (j, &v) in lp.iter().enumerate() {
-            if v > lp[best] {
-                best = j;
-            }
-        }
-        eval.correct += u64::from(best == usize::from(label));
-        eval.loss_sum -= f64::from(lp[usize::from(label)]);
-        eval.n += 1;
-    }
 }
