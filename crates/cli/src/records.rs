@@ -2,6 +2,4 @@
 //! They live in `gradwire_run::report::records`; this module re-exports them so that the
 //! CLI's modules keep their `crate::records::...` paths.
 
-pub use gradwire_run::report::records::{
-    append_jsonl, common_metric, EpochRecord, Metric, Provenance, RunRecord,
-};
+pub use gradwire_run::report::records::{append_jsonl, EpochRecord, Provenance, RunRecord};

@@ -9,6 +9,8 @@
 //!   rank's save with its barrier, resuming;
 //! - [`auto`]: `--codec auto`'s side in a job (the candidates of the optimizer, the
 //!   model's tensors; the policy itself is `gradwire_sim::auto`);
+//! - [`rank`]: one rank of an all-reduce job: its epochs, checkpoints, timeline and
+//!   records, with its news to the front end ([`rank::Progress`]);
 //! - [`ps`]: parameter-server modes (Downpour, BSP, SSP, Sandblaster) and their flags;
 //! - [`model_parallel`]: DistBelief's model parallelism (partitions, replicas, a rank's
 //!   groups);
@@ -28,6 +30,7 @@ pub mod model_parallel;
 pub mod plan;
 pub mod plot;
 pub mod ps;
+pub mod rank;
 pub mod settings;
 pub mod sync_mode;
 

@@ -16,11 +16,12 @@ use gradwire_transport::local::Local;
 use crate::launch::{describe, spawn_quiet, RankSpec};
 
 pub use args::TrainArgs;
+pub use gradwire_job::rank::engine_config;
 pub use gradwire_job::{Host, Plan};
 pub use output::write_run;
 pub(crate) use output::{progress_bar, record};
+pub(crate) use rank::record_partition_plan;
 use rank::run_linked;
-pub(crate) use rank::{engine_config, record_partition_plan};
 
 /// Runs `gradwire train`.
 pub fn run(args: &TrainArgs) -> Result<()> {

@@ -3,41 +3,21 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use gradwire_train::EpochStats;
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::records::{EpochRecord, RunRecord};
+use crate::records::RunRecord;
 
-/// An epoch's statistics as its JSON line records them (epochs counted from 1).
-pub(crate) fn record(s: &EpochStats) -> EpochRecord {
-    EpochRecord {
-        epoch: s.epoch as usize + 1,
-        train_loss: s.train_loss,
-        test_accuracy: s.test_accuracy,
-        val_perplexity: s.val_perplexity,
-        wall_s: s.wall_s,
-        eval_s: s.eval_s,
-        compute_s: s.compute_s,
-        comm_s: s.comm_s,
-        bytes_sent: s.bytes_sent,
-        compression_ratio: s.compression_ratio,
-    }
-}
+pub use gradwire_job::rank::record;
 
-/// Writes `run.json` and the plots of a finished run.
+/// Writes `run.json` and the plots of a finished run ([`gradwire_job::rank::write_run`]),
+/// a plot that cannot be drawn noted on standard error.
 pub fn write_run(run: &RunRecord, out: &Path) -> Result<()> {
-    std::fs::write(
-        out.join("run.json"),
-        serde_json::to_string_pretty(run)? + "\n",
-    )
-    .with_context(|| format!("writing {}", out.join("run.json").display()))?;
-    // Plots are best-effort: a missing font or an unwritable image warns, the run stands.
-    if let Err(e) = crate::plot::plot_run(run, out) {
-        tracing::warn!("plots of {} not drawn: {e:#}", out.display());
-        eprintln!("gradwire train: warning: plots not drawn ({e:#}); run.json is written");
-    }
-    Ok(())
+    Ok(gradwire_job::rank::write_run(
+        run,
+        out,
+        &mut super::rank::Shown::new(true),
+    )?)
 }
 
 /// The progress bar of one epoch of `steps` steps (`epoch` counted from 0).

@@ -16,11 +16,7 @@ use crate::plot::human_bytes;
 use crate::ps::{ShardOptions, Shards};
 use crate::train::{Plan, TrainArgs};
 
-/// Writes `params` as little-endian f32 to `path`.
-pub fn save_params(path: &Path, params: &[f32]) -> Result<()> {
-    let bytes: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
-}
+pub use gradwire_job::rank::save_params;
 
 /// Runs a parameter-server `train` (parent, or one worker).
 pub fn run(

@@ -1,0 +1,30 @@
+//! What a rank tells its front end while it trains ([`Progress`]): news lines, each step of
+//! an epoch, each finished epoch. Only the reporting rank calls it; a front end draws its
+//! progress bar and prints from it, a library user may ignore it ([`Silent`]).
+
+use gradwire_run::report::records::EpochRecord;
+
+/// The reporting rank's news, in the order it happens.
+pub trait Progress {
+    /// A line for the user: the run's summary at start, warnings (`warning: ...`), a resume,
+    /// the partition plan, checkpoints and files written at the end.
+    fn note(&mut self, line: &str);
+    /// Epoch `epoch` (from 0) of `epochs` starts, with `steps` steps.
+    fn epoch_started(&mut self, epoch: usize, epochs: usize, steps: usize);
+    /// Step `step` (from 0) of the epoch ended with `loss`; `ms_per_step` is the epoch's
+    /// mean so far, `bytes_sent` the run's total.
+    fn step(&mut self, step: usize, loss: f32, ms_per_step: f64, bytes_sent: u64);
+    /// An epoch ended; `record` is its line in `metrics.jsonl`.
+    fn epoch_finished(&mut self, record: &EpochRecord, epochs: usize);
+}
+
+/// A [`Progress`] that shows nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Silent;
+
+impl Progress for Silent {
+    fn note(&mut self, _: &str) {}
+    fn epoch_started(&mut self, _: usize, _: usize, _: usize) {}
+    fn step(&mut self, _: usize, _: f32, _: f64, _: u64) {}
+    fn epoch_finished(&mut self, _: &EpochRecord, _: usize) {}
+}
