@@ -1,5 +1,5 @@
 //! The layers' pieces around the GEMMs: im2col and col2im, fused bias + ReLU + 2x2 max
-//! pooling and its backward pass, a Linear layer's backward pass, bias + ReLU, column sums
+//! pooling and its backward pass, a Linear layer's backward pass, bias (+ ReLU), column sums
 //! and the ReLU mask (shared with the partitioned model).
 
 use super::matmul::{mat, matmul};
@@ -149,8 +149,10 @@ pub(crate) fn relu_pool_backward(
 /// `v[r, :] += bias` then ReLU, for `rows` rows of `bias.len()`.
 /// The backward pass of one Linear layer (weight `[fan_in, fan_out]`, row-major) over a batch
 /// of `n`: from its input `x` (`n x fan_in`) and the output gradient `gy` (`n x fan_out`),
-/// the weight gradient `x^T gy`, the bias gradient (column sums of `gy`) and the input
-/// gradient `gy w^T` (`n x fan_in`). `grads`: (weight gradient, bias gradient).
+/// the weight gradient `x^T gy`, the bias gradient (column sums of `gy`), written into
+/// `grads` (weight gradient, bias gradient) or added to them when `accumulate`, and the
+/// input gradient `gy w^T` (`n x fan_in`) written into `gx` when asked.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_backward(
     n: usize,
     (fan_in, fan_out): (usize, usize),
@@ -158,7 +160,8 @@ pub(crate) fn linear_backward(
     gy: &[f32],
     weight: &[f32],
     (gw, gb): (&mut [f32], &mut [f32]),
-    gx: &mut [f32],
+    accumulate: bool,
+    gx: Option<&mut [f32]>,
 ) {
     matmul(
         fan_in,
@@ -166,21 +169,26 @@ pub(crate) fn linear_backward(
         n,
         gw,
         fan_out,
-        false,
+        accumulate,
         mat(x, 1, fan_in),
         mat(gy, fan_out, 1),
     );
-    col_sums(gy, gb);
-    matmul(
-        n,
-        fan_in,
-        fan_out,
-        gx,
-        fan_in,
-        false,
-        mat(gy, fan_out, 1),
-        mat(weight, 1, fan_out),
-    );
+    if !accumulate {
+        gb.fill(0.0);
+    }
+    add_col_sums(gy, gb);
+    if let Some(gx) = gx {
+        matmul(
+            n,
+            fan_in,
+            fan_out,
+            gx,
+            fan_in,
+            false,
+            mat(gy, fan_out, 1),
+            mat(weight, 1, fan_out),
+        );
+    }
 }
 
 pub(crate) fn bias_relu(v: &mut [f32], bias: &[f32]) {
@@ -191,9 +199,17 @@ pub(crate) fn bias_relu(v: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// Column sums of a row-major matrix with `out.len()` columns, into `out`.
-pub(crate) fn col_sums(m: &[f32], out: &mut [f32]) {
-    out.fill(0.0);
+/// `v[r, :] += bias` for every row.
+pub(crate) fn add_bias(v: &mut [f32], bias: &[f32]) {
+    for row in v.chunks_exact_mut(bias.len()) {
+        for (x, &b) in row.iter_mut().zip(bias) {
+            *x += b;
+        }
+    }
+}
+
+/// Adds the column sums of the row-major `m` (`out.len()` columns) into `out`.
+pub(crate) fn add_col_sums(m: &[f32], out: &mut [f32]) {
     for row in m.chunks_exact(out.len()) {
         for (o, &x) in out.iter_mut().zip(row) {
             *o += x;

@@ -30,7 +30,10 @@ mod net;
 mod work;
 
 pub(crate) use forward::{eval_logits, log_softmax_row};
-pub(crate) use layers::{bias_relu, bias_relu_pool, col2im, im2col, relu_mask, relu_pool_backward};
+pub(crate) use layers::{
+    add_bias, add_col_sums, bias_relu, bias_relu_pool, col2im, im2col, linear_backward, relu_mask,
+    relu_pool_backward,
+};
 pub(crate) use matmul::{mat, matmul};
 pub(crate) use net::CpuLeNet;
 

@@ -73,18 +73,35 @@ impl Model for CpuLeNet {
         grads.clear();
         grads.resize(off.end, 0.0);
         let (fin, s2) = (g.fc_in(), g.hp2 * g.wp2);
-        // fc3, fc2 (+ ReLU), fc1 (+ ReLU), each through `linear_backward`.
-        let (gw, rest) = grads[off.wf3..].split_at_mut(off.bf3 - off.wf3);
-        let lin = &p[off.wf3..off.bf3];
-        linear_backward(n, (F2, nc), &w.a4, &w.g5, lin, (gw, rest), &mut w.ga4);
+        // fc3, fc2 (+ ReLU), fc1 (+ ReLU), each through `linear_backward`: a layer's weight
+        // at `wo..bo`, its bias at `bo..end`.
+        let mut fc = |(wo, bo, end), dims, x: &[f32], gy: &[f32], gx: &mut [f32]| {
+            let (gw, gb) = grads[wo..end].split_at_mut(bo - wo);
+            linear_backward(n, dims, x, gy, &p[wo..bo], (gw, gb), false, Some(gx));
+        };
+        fc(
+            (off.wf3, off.bf3, off.end),
+            (F2, nc),
+            &w.a4,
+            &w.g5,
+            &mut w.ga4,
+        );
         relu_mask(&mut w.ga4, &w.a4);
-        let (gw, rest) = grads[off.wf2..off.wf3].split_at_mut(off.bf2 - off.wf2);
-        let lin = &p[off.wf2..off.bf2];
-        linear_backward(n, (F1, F2), &w.a3, &w.ga4, lin, (gw, rest), &mut w.ga3);
+        fc(
+            (off.wf2, off.bf2, off.wf3),
+            (F1, F2),
+            &w.a3,
+            &w.ga4,
+            &mut w.ga3,
+        );
         relu_mask(&mut w.ga3, &w.a3);
-        let (gw, rest) = grads[off.wf1..off.wf2].split_at_mut(off.bf1 - off.wf1);
-        let lin = &p[off.wf1..off.bf1];
-        linear_backward(n, (fin, F1), &w.x3, &w.ga3, lin, (gw, rest), &mut w.gx3);
+        fc(
+            (off.wf1, off.bf1, off.wf2),
+            (fin, F1),
+            &w.x3,
+            &w.ga3,
+            &mut w.gx3,
+        );
         // Unflatten into the channel-major pooled gradient.
         for c in 0..C2 {
             for s in 0..n {

@@ -11,7 +11,8 @@
 //! `[N, C*H*W]` when a fully connected layer follows (`flatten`), as burn flattens.
 
 use super::super::cpu_lenet::{
-    bias_relu, bias_relu_pool, col2im, im2col, mat, matmul, relu_mask, relu_pool_backward, KK,
+    add_bias, bias_relu, bias_relu_pool, col2im, im2col, linear_backward, mat, matmul, relu_mask,
+    relu_pool_backward, KK,
 };
 
 /// What a layer computes.
@@ -226,29 +227,7 @@ impl Op {
                 if relu {
                     relu_mask(gy, y);
                 }
-                matmul(
-                    fan_in,
-                    fan_out,
-                    n,
-                    gw,
-                    fan_out,
-                    true,
-                    mat(x, 1, fan_in),
-                    mat(gy, fan_out, 1),
-                );
-                add_col_sums(gy, gb);
-                if let Some(gx) = gx {
-                    matmul(
-                        n,
-                        fan_in,
-                        fan_out,
-                        gx,
-                        fan_in,
-                        false,
-                        mat(gy, fan_out, 1),
-                        mat(w, 1, fan_out),
-                    );
-                }
+                linear_backward(n, (fan_in, fan_out), x, gy, w, (gw, gb), true, gx);
             }
             Op::ConvPool {
                 c_in,
@@ -321,23 +300,5 @@ impl Op {
                 ..
             }
         )
-    }
-}
-
-/// `v[r, :] += bias` for every row.
-pub(crate) fn add_bias(v: &mut [f32], bias: &[f32]) {
-    for row in v.chunks_exact_mut(bias.len()) {
-        for (x, &b) in row.iter_mut().zip(bias) {
-            *x += b;
-        }
-    }
-}
-
-/// Adds the column sums of the row-major `m` (`out.len()` columns) into `out`.
-pub(crate) fn add_col_sums(m: &[f32], out: &mut [f32]) {
-    for row in m.chunks_exact(out.len()) {
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o += x;
-        }
     }
 }

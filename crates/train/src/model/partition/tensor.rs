@@ -29,13 +29,13 @@
 use std::ops::Range;
 
 use super::arch::Arch;
-use super::layer::{add_bias, add_col_sums, Op};
+use super::layer::Op;
 use super::link::{chunk, Link};
 use super::plan::{all_reduce_bytes, Direction, Exchange, HeldTensor, Pattern, WholeTensor};
 use super::{eval_logits, loss_and_grad, Passes, EVAL_CHUNK};
 use crate::data::ImageBatch;
 use crate::error::{Error, PartitionError, Result};
-use crate::model::cpu_lenet::{bias_relu, mat, matmul, relu_mask};
+use crate::model::cpu_lenet::{add_bias, add_col_sums, bias_relu, mat, matmul, relu_mask};
 use crate::model::Eval;
 
 /// How the layers group: a lone first row layer when the count is odd, then pairs.
