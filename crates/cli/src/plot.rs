@@ -1,10 +1,9 @@
-//! PNG charts of training runs, drawn by `gradwire_job::plot`: a run's curves for `train`,
-//! the comparison and time-to-accuracy charts for `report`, and the byte counts of progress
-//! lines.
+//! PNG charts of training runs, drawn by `gradwire_job::plot`: the comparison and
+//! time-to-accuracy charts of `report`, and the byte counts of progress lines.
 
 use std::path::Path;
 
-pub use gradwire_job::plot::{human_bytes, plot_comparison, plot_run};
+pub use gradwire_job::plot::{human_bytes, plot_comparison};
 
 /// Writes the time-to-accuracy chart ([`gradwire_job::plot::plot_time_to_accuracy`]) for
 /// the report's `anyhow` flow.
