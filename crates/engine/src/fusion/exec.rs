@@ -1,7 +1,7 @@
 //! The executor ([`Exec`]): runs one group of one kind over the transport, with its reusable
 //! buffers, and leaves each tensor's result in its buffer.
 
-use gradwire_codec::SparseGrad;
+use gradwire_codec::{Codec, SparseGrad};
 use gradwire_collective::compressed::{Reduce, SparseAllReduce};
 use gradwire_collective::{Algorithm, CollectiveConfig, ReduceOp};
 use gradwire_transport::Transport;
@@ -40,6 +40,30 @@ pub(crate) fn apply_momentum(m: &MomentumConfig, velocity: &mut Vec<f32>, g: &mu
         *u = m.beta * *u + *g;
         *g = if m.nesterov { *g + m.beta * *u } else { *u };
     }
+}
+
+/// The entries this rank's own `payload` sends: `out` becomes `len` zeros with the payload
+/// decoded into them (a payload that does not decode is this rank's, `rank`).
+fn read_back(
+    codec: &dyn Codec,
+    payload: &[u8],
+    len: usize,
+    out: &mut Vec<f32>,
+    rank: usize,
+) -> std::result::Result<(), gradwire_collective::Error> {
+    out.clear();
+    out.resize(len, 0.0);
+    codec
+        .decode_add(payload, out)
+        .map_err(|source| gradwire_collective::Error::Decode { peer: rank, source })
+}
+
+/// The refusal of a sparse strategy whose codec does not sparsify.
+fn not_sparsifying() -> Error {
+    gradwire_collective::Error::Codec {
+        what: "sparse strategy with a codec that does not sparsify",
+    }
+    .into()
 }
 
 impl Exec {
@@ -254,14 +278,8 @@ impl Exec {
             codec.encode(it.data, &mut self.payload);
             if let (true, Some(u)) = (mask && codec.id().sparsifies(), &mut it.state.velocity) {
                 // Momentum factor masking: zero u where this rank's payload sent an entry.
-                self.scratch.clear();
-                self.scratch.resize(it.data.len(), 0.0);
-                codec
-                    .decode_add(&self.payload, &mut self.scratch)
-                    .map_err(|source| gradwire_collective::Error::Decode {
-                        peer: t.rank(),
-                        source,
-                    })?;
+                let len = it.data.len();
+                read_back(&**codec, &self.payload, len, &mut self.scratch, t.rank())?;
                 for (u, &x) in u.iter_mut().zip(&self.scratch) {
                     if x != 0.0 {
                         *u = 0.0;
@@ -303,10 +321,7 @@ impl Exec {
         for it in items.iter_mut() {
             let codec = it.state.codec.as_mut().expect("sparse codec");
             let Some(codec) = codec.sparse_encode() else {
-                return Err(gradwire_collective::Error::Codec {
-                    what: "sparse strategy with a codec that does not sparsify",
-                }
-                .into());
+                return Err(not_sparsifying());
             };
             self.pairs.clear();
             codec.encode_sparse(it.data, &mut self.pairs);
@@ -352,23 +367,15 @@ impl Exec {
         if sparse {
             let Some(codec) = codec.sparse_encode() else {
                 self.scratch = cat;
-                return Err(gradwire_collective::Error::Codec {
-                    what: "sparse strategy with a codec that does not sparsify",
-                }
-                .into());
+                return Err(not_sparsifying());
             };
             codec.encode_sparse(&cat, &mut self.pairs);
         } else {
             codec.encode(&cat, &mut self.payload);
             if mask {
                 // The sent entries, read back from this rank's own payload.
-                cat.fill(0.0);
-                codec
-                    .decode_add(&self.payload, &mut cat)
-                    .map_err(|source| gradwire_collective::Error::Decode {
-                        peer: t.rank(),
-                        source,
-                    })?;
+                let len = cat.len();
+                read_back(&**codec, &self.payload, len, &mut cat, t.rank())?;
                 let sent = cat.iter().enumerate().filter(|(_, &x)| x != 0.0);
                 self.pairs.indices.extend(sent.map(|(i, _)| i as u32));
             }
