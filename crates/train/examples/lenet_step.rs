@@ -7,6 +7,9 @@
 //! model with `ModelKind::build_burn`, the burn autodiff reference, for an A/B in one run).
 //! Built by `cargo test --workspace --no-run`; the binary is
 //! `$CARGO_TARGET_DIR/debug/examples/lenet_step`.
+//!
+//! It checks that the steps it times train: every loss is finite and, over 20 steps or more,
+//! the mean loss of the last ten is below that of the first ten.
 
 use std::time::Instant;
 
@@ -48,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let names = ["batch", "forward", "backward", "optim", "write", "step"];
     let mut t: Vec<Vec<f64>> = vec![vec![]; names.len()];
     let mut cpu: Vec<Vec<f64>> = vec![vec![]; names.len()];
-    let mut losses = 0.0f64;
+    let mut losses = Vec::with_capacity(warm + steps);
     // A fixed pseudo-random order, as a shuffled shard would give.
     let n = data.train.len();
     let idx: Vec<usize> = (0..(warm + steps) * bs).map(|i| (i * 7919) % n).collect();
@@ -62,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (d, cd) = (Instant::now(), cpu_ms());
         model.set_params(&params);
         let (e, ce) = (Instant::now(), cpu_ms());
-        losses += f64::from(loss);
+        losses.push(f64::from(loss));
         if s >= warm {
             let [p0, p1, p2] = model.last_pass_times().unwrap_or([b, b, c]);
             let ms = |x: Instant, y: Instant| y.duration_since(x).as_secs_f64() * 1e3;
@@ -111,10 +114,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             print!(" {name}={:.3}", median(v));
         }
     }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     println!(
         " eval500={:.3} (mean loss {:.4})",
         median(ev_cpu),
-        losses / (warm + steps) as f64
+        mean(&losses)
     );
+    assert!(
+        losses.iter().all(|l| l.is_finite()),
+        "a step's loss is not finite"
+    );
+    if losses.len() >= 20 {
+        let (first, last) = (mean(&losses[..10]), mean(&losses[losses.len() - 10..]));
+        assert!(
+            last < first,
+            "{kind}: the loss does not fall: {first:.4} over the first 10 steps, {last:.4} over the last 10"
+        );
+    }
     Ok(())
 }
