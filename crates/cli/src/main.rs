@@ -24,7 +24,6 @@ mod simulate_host;
 mod size;
 mod train;
 mod train_elastic;
-mod train_parallel;
 mod train_ps;
 mod train_sandblaster;
 

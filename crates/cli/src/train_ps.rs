@@ -22,7 +22,7 @@
 //! - with `--model-parallel K` (`ps-sync`, `ps-async`, `ps-ssp:S`): `--workers R` replicas
 //!   of K partitions (R·K processes, a TCP mesh per replica for the activations); partition
 //!   j of every replica pushes and pulls its own tensors as table j on its own `--servers`
-//!   shards (`crate::train_parallel`).
+//!   shards (`gradwire_job::model_parallel`).
 //! - `sandblaster`: DistBelief's batch L-BFGS on the same models and data
 //!   (`crate::train_sandblaster`): a coordinator, `--workers` worker threads and the shards;
 //!   one epoch is `--sb-iters` accepted L-BFGS steps.

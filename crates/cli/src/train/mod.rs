@@ -20,8 +20,8 @@ pub use gradwire_job::rank::engine_config;
 pub use gradwire_job::{Host, Plan};
 pub use output::write_run;
 pub(crate) use output::{progress_bar, record};
-pub(crate) use rank::record_partition_plan;
 use rank::run_linked;
+pub(crate) use rank::Shown;
 
 /// Runs `gradwire train`.
 pub fn run(args: &TrainArgs) -> Result<()> {

@@ -4,9 +4,8 @@
 //! on standard error.
 
 use anyhow::Result;
-use gradwire_job::rank::Progress;
+use gradwire_job::rank::{EpochNews, Progress};
 use gradwire_job::Plan;
-use gradwire_run::report::records::{EpochRecord, RunRecord};
 use gradwire_transport::Transport;
 use indicatif::ProgressBar;
 
@@ -53,54 +52,49 @@ impl Progress for Shown {
         self.bar = (!self.quiet).then(|| progress_bar(steps, epoch, epochs));
     }
 
-    fn step(&mut self, step: usize, loss: f32, ms_per_step: f64, bytes_sent: u64) {
+    fn step(&mut self, step: usize, loss: f32, ms_per_step: f64, bytes_sent: Option<u64>) {
         if let Some(b) = &self.bar {
             b.set_position(step as u64 + 1);
+            let sent = bytes_sent.map_or(String::new(), |s| {
+                format!(" | sent {}", human_bytes(s as f64))
+            });
             b.set_message(format!(
-                "loss {loss:.4}{} | {ms_per_step:.0} ms/step | sent {}",
-                self.last,
-                human_bytes(bytes_sent as f64)
+                "loss {loss:.4}{} | {ms_per_step:.0} ms/step{sent}",
+                self.last
             ));
         }
     }
 
-    fn epoch_finished(&mut self, rec: &EpochRecord, epochs: usize) {
+    fn epoch_finished(&mut self, epoch: &EpochNews<'_>, epochs: usize) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
+        let rec = epoch.record;
         self.last = match (rec.test_accuracy, rec.val_perplexity) {
             (_, Some(p)) => format!(" | val ppl {p:.2}"),
             (Some(a), _) => format!(" | acc {:.2}%", a * 100.0),
             _ => String::new(),
         };
-        if let Ok(line) = serde_json::to_string(rec) {
-            println!("{line}");
-        }
+        println!("{}", epoch.line);
+        let traffic = match epoch.bytes_pulled {
+            Some(pulled) => format!(
+                "(compute {:.1}, ps {:.1}) | pushed {} pulled {}",
+                rec.compute_s,
+                rec.comm_s,
+                human_bytes(rec.bytes_sent as f64),
+                human_bytes(pulled as f64)
+            ),
+            None => format!(
+                "(compute {:.1}, comm {:.1}) | sent {} | ratio {:.1}x",
+                rec.compute_s,
+                rec.comm_s,
+                human_bytes(rec.bytes_sent as f64),
+                rec.compression_ratio
+            ),
+        };
         eprintln!(
-            "epoch {}/{epochs}: loss {:.4}{} | {:.1} s (compute {:.1}, comm {:.1}) | sent {} | ratio {:.1}x",
-            rec.epoch,
-            rec.train_loss,
-            self.last,
-            rec.wall_s,
-            rec.compute_s,
-            rec.comm_s,
-            human_bytes(rec.bytes_sent as f64),
-            rec.compression_ratio
+            "epoch {}/{epochs}: loss {:.4}{} | {:.1} s {traffic}",
+            rec.epoch, rec.train_loss, self.last, rec.wall_s,
         );
     }
-}
-
-/// Under model parallelism: prints the partition plan and keeps it in `run`
-/// ([`gradwire_job::rank::record_partition_plan`]).
-pub(crate) fn record_partition_plan(
-    plan: &Plan,
-    shape: gradwire_train::data::DataShape,
-    run: &mut RunRecord,
-) -> Result<()> {
-    Ok(gradwire_job::rank::record_partition_plan(
-        plan,
-        shape,
-        run,
-        &mut Shown::new(true),
-    )?)
 }

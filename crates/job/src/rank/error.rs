@@ -108,6 +108,32 @@ pub enum RankError {
     /// A partition of replica 0 kept no parameters to save.
     #[error("a partition of replica 0 kept no parameters")]
     NothingKept,
+    /// A parameter-server worker failed (connecting, the table, an epoch, leaving).
+    #[error("{who}: {what}: {source}")]
+    PsWorker {
+        /// The worker (`ps worker R/N`, with its partition).
+        who: String,
+        /// What it was doing.
+        what: String,
+        /// Why.
+        source: gradwire_train::Error,
+    },
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file is not the JSON expected.
+    #[error("parsing {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
     /// A record could not be turned into JSON.
     #[error("encoding {what} as JSON: {source}")]
     Json {

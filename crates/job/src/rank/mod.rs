@@ -5,9 +5,8 @@
 //! and its news to the front end ([`Progress`]).
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
-use gradwire_run::report::records::{append_jsonl, RunRecord};
+use gradwire_run::report::records::{EpochRecord, RunRecord};
 use gradwire_train::data::Dataset;
 use gradwire_train::{Checkpoint, EngineSync, GradientSync, StepInfo, Trainer};
 use gradwire_transport::link::Throttled;
@@ -18,16 +17,21 @@ use crate::model_parallel::RankGroups;
 use crate::Plan;
 
 mod engine;
+mod epochs;
 mod error;
 mod output;
 mod parallel;
 mod progress;
+mod ps;
 
 pub use engine::{engine_config, record_partition_plan};
 pub use error::RankError;
 pub use output::{rank_path, record, save_params, write_run};
 pub use parallel::{build, save_whole};
-pub use progress::{Progress, Silent};
+pub use progress::{EpochNews, Progress, Silent};
+pub use ps::{merge_worker_reports, ps_partition, ps_worker, worker_file, PsWorker};
+
+use epochs::{run_epochs, Mode};
 
 /// Trains on one rank, behind the emulated link when the plan has one; the reporting rank
 /// tells `progress`. Under model parallelism the world first splits into this rank's replica
@@ -223,6 +227,50 @@ fn start_metrics(
     Ok(done.into_iter().map(|(_, r)| r).collect())
 }
 
+/// The all-reduce engine's part in the epoch loop: a checkpoint every
+/// `plan.checkpoint_every` steps, the bytes each step sent, the record as the epoch's line.
+struct Dense<'a> {
+    plan: &'a Plan,
+    world: usize,
+    checkpoints: u32,
+    checkpoint_s: f64,
+}
+
+impl Mode<EngineSync> for Dense<'_> {
+    fn pause_at(&self, trainer: &Trainer<EngineSync>) -> Option<u64> {
+        let every = self.plan.checkpoint_every;
+        (every > 0).then(|| (trainer.global_step() / every + 1) * every)
+    }
+
+    fn at_pause(&mut self, trainer: &mut Trainer<EngineSync>) -> Result<(), RankError> {
+        self.checkpoint_s += checkpoint::save(trainer, self.plan, self.world)?;
+        self.checkpoints += 1;
+        Ok(())
+    }
+
+    fn step_bytes(&self, step: &StepInfo) -> Option<u64> {
+        Some(step.sync.bytes_sent)
+    }
+
+    fn epoch_starts(&mut self, _: &Trainer<EngineSync>) {}
+
+    fn line(
+        &self,
+        _: &Trainer<EngineSync>,
+        record: &EpochRecord,
+    ) -> Result<(String, Option<u64>), RankError> {
+        let line = serde_json::to_string(record).map_err(|source| RankError::Json {
+            what: "an epoch record",
+            source,
+        })?;
+        Ok((line, None))
+    }
+
+    fn epoch_failed(&self, _: usize, source: gradwire_train::Error) -> RankError {
+        RankError::Train(source)
+    }
+}
+
 /// The epochs left, with a checkpoint every `plan.checkpoint_every` steps; the reporting rank
 /// records each epoch in `run`, `metrics.jsonl` and `--json`.
 fn epochs(
@@ -232,50 +280,28 @@ fn epochs(
     run: &mut RunRecord,
     progress: &mut dyn Progress,
 ) -> Result<(), RankError> {
-    let (mut ckpt_n, mut ckpt_s) = (0u32, 0.0f64);
-    let mut total_bytes = 0u64;
-    while (s.trainer.epoch() as usize) < plan.train.epochs {
-        let epoch = s.trainer.epoch() as usize;
-        if s.reporting {
-            progress.epoch_started(epoch, plan.train.epochs, steps);
-        }
-        let start = Instant::now();
-        let mut epoch_bytes = 0u64;
-        let reporting = s.reporting;
-        let mut on_step = |step: &StepInfo| {
-            epoch_bytes += step.sync.bytes_sent;
-            if reporting {
-                let ms = start.elapsed().as_secs_f64() * 1e3 / (step.step + 1) as f64;
-                progress.step(step.step, step.loss, ms, total_bytes + epoch_bytes);
-            }
-        };
-        let every = plan.checkpoint_every;
-        let stats = loop {
-            let pause = (every > 0).then(|| (s.trainer.global_step() / every + 1) * every);
-            match s.trainer.run_epoch_until(&s.data, &mut on_step, pause)? {
-                Some(stats) => break stats,
-                None => {
-                    ckpt_s += checkpoint::save(&mut s.trainer, plan, s.world)?;
-                    ckpt_n += 1;
-                }
-            }
-        };
-        total_bytes += stats.bytes_sent;
-        if s.reporting {
-            let rec = record(&stats);
-            progress.epoch_finished(&rec, plan.train.epochs);
-            append_jsonl(&plan.out.join("metrics.jsonl"), &rec)?;
-            if let Some(j) = &plan.json {
-                append_jsonl(j, &rec)?;
-            }
-            run.epochs.push(rec);
-        }
-    }
-    if s.reporting && ckpt_n > 0 {
+    let mut dense = Dense {
+        plan,
+        world: s.world,
+        checkpoints: 0,
+        checkpoint_s: 0.0,
+    };
+    run_epochs(
+        &mut s.trainer,
+        &s.data,
+        plan,
+        steps,
+        s.reporting,
+        run,
+        progress,
+        &mut dense,
+    )?;
+    if s.reporting && dense.checkpoints > 0 {
         progress.note(&format!(
-            "{ckpt_n} checkpoint(s) in {}, {:.1} ms each on rank 0",
+            "{} checkpoint(s) in {}, {:.1} ms each on rank 0",
+            dense.checkpoints,
             checkpoint::dir(&plan.out).display(),
-            ckpt_s * 1e3 / f64::from(ckpt_n)
+            dense.checkpoint_s * 1e3 / f64::from(dense.checkpoints)
         ));
     }
     Ok(())

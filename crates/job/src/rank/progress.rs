@@ -12,10 +12,23 @@ pub trait Progress {
     /// Epoch `epoch` (from 0) of `epochs` starts, with `steps` steps.
     fn epoch_started(&mut self, epoch: usize, epochs: usize, steps: usize);
     /// Step `step` (from 0) of the epoch ended with `loss`; `ms_per_step` is the epoch's
-    /// mean so far, `bytes_sent` the run's total.
-    fn step(&mut self, step: usize, loss: f32, ms_per_step: f64, bytes_sent: u64);
-    /// An epoch ended; `record` is its line in `metrics.jsonl`.
-    fn epoch_finished(&mut self, record: &EpochRecord, epochs: usize);
+    /// mean so far, `bytes_sent` the run's total (`None` where the sync mode counts none per
+    /// step: parameter servers).
+    fn step(&mut self, step: usize, loss: f32, ms_per_step: f64, bytes_sent: Option<u64>);
+    /// An epoch of `epochs` ended.
+    fn epoch_finished(&mut self, epoch: &EpochNews<'_>, epochs: usize);
+}
+
+/// A finished epoch, as the reporting rank records it.
+#[derive(Debug, Clone, Copy)]
+pub struct EpochNews<'a> {
+    /// The epoch's record (in `run.json`).
+    pub record: &'a EpochRecord,
+    /// Its line in `metrics.jsonl` (JSON text): the record, with a parameter server's
+    /// `servers`, `mode` and `bytes_pulled`.
+    pub line: &'a str,
+    /// Bytes pulled from parameter servers in the epoch (`None` under the all-reduce engine).
+    pub bytes_pulled: Option<u64>,
 }
 
 /// A [`Progress`] that shows nothing.
@@ -25,6 +38,6 @@ pub struct Silent;
 impl Progress for Silent {
     fn note(&mut self, _: &str) {}
     fn epoch_started(&mut self, _: usize, _: usize, _: usize) {}
-    fn step(&mut self, _: usize, _: f32, _: f64, _: u64) {}
-    fn epoch_finished(&mut self, _: &EpochRecord, _: usize) {}
+    fn step(&mut self, _: usize, _: f32, _: f64, _: Option<u64>) {}
+    fn epoch_finished(&mut self, _: &EpochNews<'_>, _: usize) {}
 }
