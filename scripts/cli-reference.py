@@ -22,6 +22,7 @@ COMMANDS = [
     ("bench ps", "bench_ps.rs", "PsBenchArgs"),
     ("ps serve", "../../ps/src/serve.rs", "ServeArgs"),
     ("simulate", "simulate/args.rs", "SimulateArgs"),
+    ("calibrate", "calibrate.rs", "CalibrateArgs"),
 ]
 FLATTEN = {
     "gradwire_job::Settings": ("../../job/src/settings.rs", "Settings"),
