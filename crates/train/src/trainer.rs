@@ -430,11 +430,6 @@ impl<S: GradientSync> Trainer<S> {
     /// epoch's step count (capped by [`TrainConfig::max_steps_per_epoch`]).
     fn epoch_shard(&self, n: usize) -> (Vec<usize>, usize, usize) {
         let (rank, world) = (self.sync.rank(), self.sync.world_size());
-        let cap = |steps: usize| {
-            self.config
-                .max_steps_per_epoch
-                .map_or(steps, |m| steps.min(m))
-        };
         match &self.order {
             None => (
                 shard_indices(n, world, rank, self.config.seed, self.epoch),
@@ -443,7 +438,7 @@ impl<S: GradientSync> Trainer<S> {
             ),
             Some(o) => {
                 let (shard, steps) = order_shard(o, world, rank, self.config.batch_size);
-                (shard, o.start_step, cap(steps))
+                (shard, o.start_step, capped(steps, &self.config))
             }
         }
     }
@@ -706,7 +701,15 @@ impl<S: GradientSync> Trainer<S> {
 /// batch, capped by [`TrainConfig::max_steps_per_epoch`] (what [`Trainer::steps_per_epoch`]
 /// gives once a trainer exists; 0 when a shard holds less than a batch).
 pub fn steps_per_epoch(train_len: usize, world: usize, config: &TrainConfig) -> usize {
-    let steps = shard_len(train_len, world) / config.batch_size.max(1);
+    capped(
+        shard_len(train_len, world) / config.batch_size.max(1),
+        config,
+    )
+}
+
+/// `steps` capped by [`TrainConfig::max_steps_per_epoch`]: the one cap of an epoch's step
+/// count, with or without a re-dealt order.
+fn capped(steps: usize, config: &TrainConfig) -> usize {
     config.max_steps_per_epoch.map_or(steps, |m| steps.min(m))
 }
 
@@ -739,7 +742,41 @@ fn clip_local(grads: &mut [f32], clip: f64, world: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::clip_local;
+    use super::{clip_local, steps_per_epoch, TrainConfig, Trainer};
+
+    /// A trainer's step count (no re-dealt order) is the free function's, which is the
+    /// shard over the batch, capped: checked against that arithmetic on one rank.
+    #[test]
+    fn a_trainers_steps_per_epoch_is_the_free_functions() {
+        use crate::data::DataShape;
+        use crate::{EngineSync, ModelKind};
+        let shape = DataShape::Image {
+            shape: [1, 28, 28],
+            classes: 10,
+        };
+        for (len, batch, cap, want) in [
+            (1000, 64, None, 15),
+            (1000, 64, Some(4), 4),
+            (1000, 64, Some(40), 15),
+            (63, 64, None, 0),
+        ] {
+            let config = TrainConfig {
+                batch_size: batch,
+                max_steps_per_epoch: cap,
+                ..TrainConfig::default()
+            };
+            assert_eq!(steps_per_epoch(len, 1, &config), want);
+            let model = ModelKind::Mlp.build(shape, 1).unwrap();
+            let t = gradwire_transport::local::Local::world(1).pop().unwrap();
+            let sync = EngineSync::dense(t, &model.tensors()).unwrap();
+            let tr = Trainer::new(model, sync, config, len).unwrap();
+            assert_eq!(
+                tr.steps_per_epoch(len),
+                want,
+                "{len} samples, batch {batch}"
+            );
+        }
+    }
 
     #[test]
     fn local_clip_scales_to_clip_over_sqrt_world() {
