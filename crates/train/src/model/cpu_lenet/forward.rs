@@ -2,11 +2,11 @@
 //! batch), the log-softmax of the logits and their evaluation.
 
 use super::geometry::{Geom, Offsets};
-use super::layers::{bias_relu, bias_relu_pool, im2col};
+use super::layers::{bias_relu, conv_pool};
 use super::matmul::{mat, matmul};
 use super::net::CpuLeNet;
 use super::work::Work;
-use super::{C1, C2, F1, F2, KK};
+use super::{C1, C2, F1, F2};
 use crate::model::Eval;
 
 impl CpuLeNet {
@@ -23,9 +23,9 @@ impl CpuLeNet {
         let g = *geom;
         work.forward_sized(&g, n);
         let p = params;
-        let (pl0, pl1) = (g.h0 * g.w0, n * g.h0 * g.w0);
+        let pl0 = g.h0 * g.w0;
         // conv1 (pad 2, same size) + bias + ReLU + pool.
-        im2col(
+        conv_pool(
             pixels,
             n,
             g.c0,
@@ -33,31 +33,14 @@ impl CpuLeNet {
             (g.c0 * pl0, pl0),
             2,
             (g.h0, g.w0),
+            (&p[off.w1..off.b1], &p[off.b1..off.w2]),
             &mut work.cols1,
-        );
-        let k1 = g.c0 * KK;
-        matmul(
-            C1,
-            pl1,
-            k1,
             &mut work.z1,
-            pl1,
-            false,
-            mat(&p[off.w1..off.b1], k1, 1),
-            mat(&work.cols1, pl1, 1),
-        );
-        bias_relu_pool(
-            &work.z1,
-            &p[off.b1..off.w2],
-            n,
-            (g.h0, g.w0),
-            &mut work.p1,
-            &mut work.arg1,
+            (&mut work.p1, &mut work.arg1),
         );
         // conv2 (no pad) + bias + ReLU + pool; p1 is channel-major [C1, N, hp1, wp1].
         let pp1 = g.hp1 * g.wp1;
-        let pl2 = n * g.h2 * g.w2;
-        im2col(
+        conv_pool(
             &work.p1,
             n,
             C1,
@@ -65,26 +48,10 @@ impl CpuLeNet {
             (pp1, n * pp1),
             0,
             (g.h2, g.w2),
+            (&p[off.w2..off.b2], &p[off.b2..off.wf1]),
             &mut work.cols2,
-        );
-        let k2 = C1 * KK;
-        matmul(
-            C2,
-            pl2,
-            k2,
             &mut work.z2,
-            pl2,
-            false,
-            mat(&p[off.w2..off.b2], k2, 1),
-            mat(&work.cols2, pl2, 1),
-        );
-        bias_relu_pool(
-            &work.z2,
-            &p[off.b2..off.wf1],
-            n,
-            (g.h2, g.w2),
-            &mut work.p2,
-            &mut work.arg2,
+            (&mut work.p2, &mut work.arg2),
         );
         // Flatten as burn does ([N, C, H, W] -> [N, C*H*W]) from channel-major p2.
         let (s2, fin) = (g.hp2 * g.wp2, g.fc_in());

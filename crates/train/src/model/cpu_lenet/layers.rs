@@ -82,6 +82,41 @@ pub(crate) fn col2im(
     }
 }
 
+/// A convolution block's forward pass over `n` samples: im2col of `x` (`c_in` channels of
+/// `hw`, `strides` between samples and between channels, zero padding `pad`, output
+/// `out_hw`) into `cols`, the 5x5 convolution with `weight` (`[c_out, c_in*K*K]`) into `z`,
+/// then `bias` (`c_out` values), ReLU and 2x2 max pooling into `pooled` with the winners'
+/// positions in `arg` (see [`bias_relu_pool`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv_pool(
+    x: &[f32],
+    n: usize,
+    c_in: usize,
+    hw: (usize, usize),
+    strides: (usize, usize),
+    pad: usize,
+    out_hw: (usize, usize),
+    (weight, bias): (&[f32], &[f32]),
+    cols: &mut [f32],
+    z: &mut [f32],
+    (pooled, arg): (&mut [f32], &mut [u8]),
+) {
+    let pl = n * out_hw.0 * out_hw.1;
+    im2col(x, n, c_in, hw, strides, pad, out_hw, cols);
+    let k = c_in * K * K;
+    matmul(
+        bias.len(),
+        pl,
+        k,
+        z,
+        pl,
+        false,
+        mat(weight, k, 1),
+        mat(cols, pl, 1),
+    );
+    bias_relu_pool(z, bias, n, out_hw, pooled, arg);
+}
+
 /// Fused bias + ReLU + 2x2/2 max pooling of `z` `[C, N, H, W]` (bias not yet added) into
 /// `p` `[C, N, H/2, W/2]`, with the winning position (0..4, row-major in the window).
 pub(crate) fn bias_relu_pool(

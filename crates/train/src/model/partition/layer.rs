@@ -11,7 +11,7 @@
 //! `[N, C*H*W]` when a fully connected layer follows (`flatten`), as burn flattens.
 
 use super::super::cpu_lenet::{
-    add_bias, bias_relu, bias_relu_pool, col2im, im2col, linear_backward, mat, matmul, relu_mask,
+    add_bias, bias_relu, col2im, conv_pool, linear_backward, mat, matmul, relu_mask,
     relu_pool_backward, KK,
 };
 
@@ -172,19 +172,19 @@ impl Op {
                 let pooled = (oh / 2) * (ow / 2);
                 s.p.resize(c_out * n * pooled, 0.0);
                 s.arg.resize(c_out * n * pooled, 0);
-                im2col(x, n, c_in, (h, w_in), strides, pad, (oh, ow), &mut s.cols);
-                let k = c_in * KK;
-                matmul(
-                    c_out,
-                    pl,
-                    k,
+                conv_pool(
+                    x,
+                    n,
+                    c_in,
+                    (h, w_in),
+                    strides,
+                    pad,
+                    (oh, ow),
+                    (w, b),
+                    &mut s.cols,
                     &mut s.z,
-                    pl,
-                    false,
-                    mat(w, k, 1),
-                    mat(&s.cols, pl, 1),
+                    (&mut s.p, &mut s.arg),
                 );
-                bias_relu_pool(&s.z, b, n, (oh, ow), &mut s.p, &mut s.arg);
                 if flatten {
                     let f = c_out * pooled;
                     for c in 0..c_out {
