@@ -2,8 +2,7 @@
 //! batch), the log-softmax of the logits and their evaluation.
 
 use super::geometry::{Geom, Offsets};
-use super::layers::{bias_relu, conv_pool};
-use super::matmul::{mat, matmul};
+use super::layers::{conv_pool, linear_forward};
 use super::net::CpuLeNet;
 use super::work::Work;
 use super::{C1, C2, F1, F2};
@@ -62,45 +61,12 @@ impl CpuLeNet {
             }
         }
         // fc1, fc2 (+ ReLU), fc3; Linear weights are [in, out].
-        matmul(
-            n,
-            F1,
-            fin,
-            &mut work.a3,
-            F1,
-            false,
-            mat(&work.x3, fin, 1),
-            mat(&p[off.wf1..off.bf1], F1, 1),
-        );
-        bias_relu(&mut work.a3, &p[off.bf1..off.wf2]);
-        matmul(
-            n,
-            F2,
-            F1,
-            &mut work.a4,
-            F2,
-            false,
-            mat(&work.a3, F1, 1),
-            mat(&p[off.wf2..off.bf2], F2, 1),
-        );
-        bias_relu(&mut work.a4, &p[off.bf2..off.wf3]);
-        let nc = g.classes;
-        matmul(
-            n,
-            nc,
-            F2,
-            &mut work.z5,
-            nc,
-            false,
-            mat(&work.a4, F2, 1),
-            mat(&p[off.wf3..off.bf3], nc, 1),
-        );
-        let bias = &p[off.bf3..off.end];
-        for row in work.z5.chunks_exact_mut(nc) {
-            for (x, &b) in row.iter_mut().zip(bias) {
-                *x += b;
-            }
-        }
+        let fc1 = (&p[off.wf1..off.bf1], &p[off.bf1..off.wf2]);
+        linear_forward(n, (fin, F1), &work.x3, fc1, &mut work.a3, true);
+        let fc2 = (&p[off.wf2..off.bf2], &p[off.bf2..off.wf3]);
+        linear_forward(n, (F1, F2), &work.a3, fc2, &mut work.a4, true);
+        let fc3 = (&p[off.wf3..off.bf3], &p[off.bf3..off.end]);
+        linear_forward(n, (F2, g.classes), &work.a4, fc3, &mut work.z5, false);
     }
 }
 

@@ -182,6 +182,34 @@ pub(crate) fn relu_pool_backward(
 }
 
 /// `v[r, :] += bias` then ReLU, for `rows` rows of `bias.len()`.
+/// The forward pass of one Linear layer (weight `[fan_in, fan_out]`, row-major) over a batch
+/// of `n`: `y = x weight + bias` (`x` is `n x fan_in`; the bias is added to every row of `y`),
+/// then ReLU when `relu`.
+pub(crate) fn linear_forward(
+    n: usize,
+    (fan_in, fan_out): (usize, usize),
+    x: &[f32],
+    (weight, bias): (&[f32], &[f32]),
+    y: &mut [f32],
+    relu: bool,
+) {
+    matmul(
+        n,
+        fan_out,
+        fan_in,
+        y,
+        fan_out,
+        false,
+        mat(x, fan_in, 1),
+        mat(weight, fan_out, 1),
+    );
+    if relu {
+        bias_relu(y, bias);
+    } else {
+        add_bias(y, bias);
+    }
+}
+
 /// The backward pass of one Linear layer (weight `[fan_in, fan_out]`, row-major) over a batch
 /// of `n`: from its input `x` (`n x fan_in`) and the output gradient `gy` (`n x fan_out`),
 /// the weight gradient `x^T gy`, the bias gradient (column sums of `gy`), written into

@@ -11,8 +11,8 @@
 //! `[N, C*H*W]` when a fully connected layer follows (`flatten`), as burn flattens.
 
 use super::super::cpu_lenet::{
-    add_bias, bias_relu, col2im, conv_pool, linear_backward, mat, matmul, relu_mask,
-    relu_pool_backward, KK,
+    col2im, conv_pool, linear_backward, linear_forward, mat, matmul, relu_mask, relu_pool_backward,
+    KK,
 };
 
 /// What a layer computes.
@@ -134,23 +134,7 @@ impl Op {
                 fan_in,
                 fan_out,
                 relu,
-            } => {
-                matmul(
-                    n,
-                    fan_out,
-                    fan_in,
-                    y,
-                    fan_out,
-                    false,
-                    mat(x, fan_in, 1),
-                    mat(w, fan_out, 1),
-                );
-                if relu {
-                    bias_relu(y, b);
-                } else {
-                    add_bias(y, b);
-                }
-            }
+            } => linear_forward(n, (fan_in, fan_out), x, (w, b), y, relu),
             Op::ConvPool {
                 c_in,
                 c_out,

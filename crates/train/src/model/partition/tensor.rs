@@ -35,7 +35,7 @@ use super::plan::{all_reduce_bytes, Direction, Exchange, HeldTensor, Pattern, Wh
 use super::{eval_logits, loss_and_grad, Passes, EVAL_CHUNK};
 use crate::data::ImageBatch;
 use crate::error::{Error, PartitionError, Result};
-use crate::model::cpu_lenet::{add_bias, add_col_sums, bias_relu, mat, matmul, relu_mask};
+use crate::model::cpu_lenet::{add_bias, add_col_sums, linear_forward, mat, matmul, relu_mask};
 use crate::model::Eval;
 
 /// How the layers group: a lone first row layer when the count is odd, then pairs.
@@ -263,17 +263,8 @@ impl TensorMlp {
                 Some(c) => {
                     let y = &mut w.ys[g];
                     y.resize(n * c.units, 0.0);
-                    matmul(
-                        n,
-                        c.units,
-                        c.fan_in,
-                        y,
-                        c.units,
-                        false,
-                        mat(x, c.fan_in, 1),
-                        mat(&p[c.w..c.w + c.fan_in * c.units], c.units, 1),
-                    );
-                    bias_relu(y, &p[c.b..c.b + c.units]);
+                    let a = (&p[c.w..c.w + c.fan_in * c.units], &p[c.b..c.b + c.units]);
+                    linear_forward(n, (c.fan_in, c.units), x, a, y, true);
                     matmul(
                         n,
                         r.fan_out,
