@@ -93,7 +93,7 @@ pub use client::{ClientConfig, KvStore, PullInfo};
 pub use downpour::Downpour;
 pub use placement::{ChunkPlace, Placement};
 pub use server::{Server, ServerConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
-#[cfg(feature = "fuzzing")]
+#[cfg(fuzzing)]
 pub use shard::{check_checkpoint_body, check_wal_bytes};
 pub use shard::{Limits, Shard, ShardConfig, ShardStats, DEFAULT_WAL_ROTATE_BYTES};
 pub use spec::{ChunkId, Consistency, DeadPolicy, Key, PushCodec, PushMode, TableSpec, WorkerId};

@@ -34,18 +34,30 @@ pub(super) trait Mode<S: GradientSync> {
     fn epoch_failed(&self, epoch: usize, source: gradwire_train::Error) -> RankError;
 }
 
-/// Runs the epochs left (from the trainer's current one); `reporting` ranks record them in
-/// `run` and the files and tell `progress`. The bytes sent over the run.
+/// Where the epochs run: the plan, the data, the steps per epoch, and whether this rank
+/// reports.
+pub(super) struct Course<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) data: &'a Dataset,
+    pub(super) steps: usize,
+    pub(super) reporting: bool,
+}
+
+/// Runs the epochs left (from the trainer's current one); a `reporting` rank records them in
+/// `run` and the files and tells `progress`. The bytes sent over the run.
 pub(super) fn run_epochs<S: GradientSync>(
     trainer: &mut Trainer<S>,
-    data: &Dataset,
-    plan: &Plan,
-    steps: usize,
-    reporting: bool,
+    course: &Course<'_>,
     run: &mut RunRecord,
     progress: &mut dyn Progress,
     mode: &mut dyn Mode<S>,
 ) -> Result<u64, RankError> {
+    let Course {
+        plan,
+        data,
+        steps,
+        reporting,
+    } = *course;
     let mut total_bytes = 0u64;
     while (trainer.epoch() as usize) < plan.train.epochs {
         let epoch = trainer.epoch() as usize;

@@ -31,7 +31,7 @@ pub use parallel::{build, save_whole};
 pub use progress::{EpochNews, Progress, Silent};
 pub use ps::{merge_worker_reports, ps_partition, ps_worker, worker_file, PsWorker};
 
-use epochs::{run_epochs, Mode};
+use epochs::{run_epochs, Course, Mode};
 
 /// Trains on one rank, behind the emulated link when the plan has one; the reporting rank
 /// tells `progress`. Under model parallelism the world first splits into this rank's replica
@@ -286,16 +286,13 @@ fn epochs(
         checkpoints: 0,
         checkpoint_s: 0.0,
     };
-    run_epochs(
-        &mut s.trainer,
-        &s.data,
+    let course = Course {
         plan,
+        data: &s.data,
         steps,
-        s.reporting,
-        run,
-        progress,
-        &mut dense,
-    )?;
+        reporting: s.reporting,
+    };
+    run_epochs(&mut s.trainer, &course, run, progress, &mut dense)?;
     if s.reporting && dense.checkpoints > 0 {
         progress.note(&format!(
             "{} checkpoint(s) in {}, {:.1} ms each on rank 0",

@@ -16,7 +16,7 @@ use gradwire_transport::Transport;
 use serde_json::Value;
 
 use super::{build, record_partition_plan, run_epochs, save_params, save_whole, write_run};
-use super::{Mode, Progress, RankError};
+use super::{Course, Mode, Progress, RankError};
 use crate::model_parallel::RankGroups;
 use crate::ps::PsPlan;
 use crate::{Plan, PsMode};
@@ -235,16 +235,13 @@ pub fn ps_worker(
         mode: mode.clone(),
         pulled_before: 0,
     };
-    run_epochs(
-        &mut trainer,
-        &data,
+    let course = Course {
         plan,
+        data: &data,
         steps,
         reporting,
-        &mut run,
-        progress,
-        &mut table,
-    )?;
+    };
+    run_epochs(&mut trainer, &course, &mut run, progress, &mut table)?;
     let total_steps = (steps * plan.train.epochs) as u64;
     let mut kept = None;
     match (&plan.save_params, rank, part_index) {

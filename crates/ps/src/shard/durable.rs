@@ -351,7 +351,7 @@ impl Shard {
 
 /// Decodes a checkpoint body into a throw-away shard state (for the fuzz target): never
 /// panics, whatever the bytes.
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, fuzzing))]
 pub fn check_checkpoint_body(num_workers: u32, body: &[u8]) -> Result<(), WireError> {
     let shard = Shard::open(ShardConfig {
         num_workers,
@@ -375,7 +375,7 @@ pub fn check_checkpoint_body(num_workers: u32, body: &[u8]) -> Result<(), WireEr
 }
 
 /// Replays WAL bytes into a throw-away shard state (for the fuzz target).
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, fuzzing))]
 pub fn check_wal_bytes(num_workers: u32, bytes: &[u8]) {
     let Ok(shard) = Shard::open(ShardConfig {
         num_workers,

@@ -56,7 +56,7 @@ mod tables;
 mod vecops;
 mod workers;
 
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, fuzzing))]
 pub use durable::{check_checkpoint_body, check_wal_bytes};
 pub use limits::Limits;
 use state::{Chunk, Live, State, WorkerSlot};
