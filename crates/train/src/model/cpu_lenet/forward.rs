@@ -80,6 +80,29 @@ pub(crate) fn log_softmax_row(z: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Cross-entropy of `logits` (`labels.len()` rows of `classes`): returns the sum of the
+/// samples' losses and writes into `g` the gradient `softmax - one-hot`, each softmax value
+/// and the one-hot's `1` passed through `scale` (the division by the batch size).
+pub(crate) fn cross_entropy<F: Fn(f32) -> f32>(
+    logits: &[f32],
+    labels: &[u8],
+    classes: usize,
+    g: &mut [f32],
+    scale: F,
+) -> f64 {
+    let mut loss = 0.0f64;
+    for (s, &label) in labels.iter().enumerate() {
+        let gr = &mut g[s * classes..][..classes];
+        log_softmax_row(&logits[s * classes..][..classes], gr);
+        loss -= f64::from(gr[usize::from(label)]);
+        for x in gr.iter_mut() {
+            *x = scale(x.exp());
+        }
+        gr[usize::from(label)] -= scale(1.0);
+    }
+    loss
+}
+
 /// Adds the loss sum, correct count and sample count of `logits` against `labels` to
 /// `eval` (the first maximum wins, as burn's argmax).
 pub(crate) fn eval_logits(logits: &[f32], labels: &[u8], classes: usize, eval: &mut Eval) {

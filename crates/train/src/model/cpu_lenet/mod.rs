@@ -29,7 +29,7 @@ mod model;
 mod net;
 mod work;
 
-pub(crate) use forward::{eval_logits, log_softmax_row};
+pub(crate) use forward::{cross_entropy, eval_logits};
 pub(crate) use layers::{
     add_bias, add_col_sums, col2im, conv_pool, linear_backward, linear_forward, relu_mask,
     relu_pool_backward,

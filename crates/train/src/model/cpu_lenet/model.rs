@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::forward::{eval_logits, log_softmax_row};
+use super::forward::{cross_entropy, eval_logits};
 use super::layers::{col2im, linear_backward, relu_mask, relu_pool_backward};
 use super::matmul::{mat, matmul};
 use super::net::CpuLeNet;
@@ -56,17 +56,8 @@ impl Model for CpuLeNet {
         w.backward_sized(&g, n);
         // Mean cross-entropy and its gradient (softmax - one-hot) / n.
         let nc = g.classes;
-        let mut loss = 0.0f64;
-        for (s, &label) in b.labels.iter().enumerate() {
-            let z = &w.z5[s * nc..][..nc];
-            let gr = &mut w.g5[s * nc..][..nc];
-            log_softmax_row(z, gr);
-            loss -= f64::from(gr[usize::from(label)]);
-            for x in gr.iter_mut() {
-                *x = x.exp() / n as f32;
-            }
-            gr[usize::from(label)] -= 1.0 / n as f32;
-        }
+        let nf = n as f32;
+        let loss = cross_entropy(&w.z5, &b.labels, nc, &mut w.g5, |x| x / nf);
         let loss = (loss / n as f64) as f32;
         let t1 = Instant::now();
 

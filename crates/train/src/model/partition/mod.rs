@@ -76,7 +76,7 @@ use gradwire_transport::Transport;
 
 use self::arch::Arch;
 use self::link::Link;
-use super::cpu_lenet::{eval_logits, log_softmax_row};
+use super::cpu_lenet::{cross_entropy, eval_logits};
 use super::{copy_params, overwrite_params, Eval, Model, ModelKind, ParamTensor};
 use crate::data::{Batch, DataShape, ImageBatch};
 use crate::error::{ConfigError, Error, ModelError, PartitionError, Result};
@@ -374,16 +374,6 @@ fn loss_and_grad(
     scale: usize,
     g: &mut [f32],
 ) -> f64 {
-    let mut loss = 0.0f64;
     let inv = 1.0 / scale as f32;
-    for (s, &label) in labels.iter().enumerate() {
-        let gr = &mut g[s * classes..][..classes];
-        log_softmax_row(&logits[s * classes..][..classes], gr);
-        loss -= f64::from(gr[usize::from(label)]);
-        for x in gr.iter_mut() {
-            *x = x.exp() * inv;
-        }
-        gr[usize::from(label)] -= inv;
-    }
-    loss
+    cross_entropy(logits, labels, classes, g, |x| x * inv)
 }
