@@ -182,6 +182,62 @@ pub(crate) fn relu_pool_backward(
 }
 
 /// `v[r, :] += bias` then ReLU, for `rows` rows of `bias.len()`.
+/// The backward pass of a 5x5 convolution over `n` samples (input `hw` of `c_in`
+/// channels, output `out_hw`) from the gradient `gz` of its output before pooling
+/// (`[c_out, n*OH*OW]`) and its im2col `cols`: the weight gradient `gz cols^T` and the bias
+/// gradient (the row sums of `gz`), written into `grads` (weight gradient, bias gradient)
+/// or added to them when `accumulate`; when `gx` is given (the buffer of `weight^T gz`, then
+/// the input gradient), the gradient of an unpadded channel-major input through
+/// [`col2im`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv_backward(
+    n: usize,
+    c_in: usize,
+    (hw, out_hw): ((usize, usize), (usize, usize)),
+    gz: &[f32],
+    cols: &[f32],
+    weight: &[f32],
+    (gw, gb): (&mut [f32], &mut [f32]),
+    accumulate: bool,
+    gx: Option<(&mut [f32], &mut [f32])>,
+) {
+    let pl = n * out_hw.0 * out_hw.1;
+    let k = c_in * K * K;
+    let c_out = gb.len();
+    matmul(
+        c_out,
+        k,
+        pl,
+        gw,
+        k,
+        accumulate,
+        mat(gz, pl, 1),
+        mat(cols, 1, pl),
+    );
+    for (c, gb) in gb.iter_mut().enumerate() {
+        let sum = gz[c * pl..(c + 1) * pl].iter().sum::<f32>();
+        if accumulate {
+            *gb += sum;
+        } else {
+            *gb = sum;
+        }
+    }
+    if let Some((gcols, gx)) = gx {
+        matmul(
+            k,
+            pl,
+            c_out,
+            gcols,
+            pl,
+            false,
+            mat(weight, 1, k),
+            mat(gz, pl, 1),
+        );
+        gx.fill(0.0);
+        col2im(gcols, n, c_in, hw, out_hw, gx);
+    }
+}
+
 /// The forward pass of one Linear layer (weight `[fan_in, fan_out]`, row-major) over a batch
 /// of `n`: `y = x weight + bias` (`x` is `n x fan_in`; the bias is added to every row of `y`),
 /// then ReLU when `relu`.

@@ -31,7 +31,7 @@ mod work;
 
 pub(crate) use forward::{cross_entropy, eval_logits};
 pub(crate) use layers::{
-    add_bias, add_col_sums, col2im, conv_pool, linear_backward, linear_forward, relu_mask,
+    add_bias, add_col_sums, conv_backward, conv_pool, linear_backward, linear_forward, relu_mask,
     relu_pool_backward,
 };
 pub(crate) use matmul::{mat, matmul};

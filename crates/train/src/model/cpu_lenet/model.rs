@@ -4,11 +4,10 @@
 use std::time::Instant;
 
 use super::forward::{cross_entropy, eval_logits};
-use super::layers::{col2im, linear_backward, relu_mask, relu_pool_backward};
-use super::matmul::{mat, matmul};
+use super::layers::{conv_backward, linear_backward, relu_mask, relu_pool_backward};
 use super::net::CpuLeNet;
 use super::work::Work;
-use super::{C1, C2, EVAL_CHUNK, F1, F2, KK};
+use super::{C1, C2, EVAL_CHUNK, F1, F2};
 use crate::data::Batch;
 use crate::error::{ConfigError, Result};
 use crate::model::{copy_params, overwrite_params, Eval, Model, ModelKind, ParamTensor};
@@ -101,50 +100,34 @@ impl Model for CpuLeNet {
         }
         relu_pool_backward(&w.gp2, &w.p2, &w.arg2, C2, n, (g.h2, g.w2), &mut w.gz2);
         // conv2: weight gradient gz2 · cols2^T, bias = row sums, input gradient via col2im.
-        let pl2 = n * g.h2 * g.w2;
-        let k2 = C1 * KK;
-        matmul(
-            C2,
-            k2,
-            pl2,
-            &mut grads[off.w2..off.b2],
-            k2,
+        let (gw, gb) = grads[off.w2..off.wf1].split_at_mut(off.b2 - off.w2);
+        conv_backward(
+            n,
+            C1,
+            ((g.hp1, g.wp1), (g.h2, g.w2)),
+            &w.gz2,
+            &w.cols2,
+            &p[off.w2..off.b2],
+            (gw, gb),
             false,
-            mat(&w.gz2, pl2, 1),
-            mat(&w.cols2, 1, pl2),
+            Some((&mut w.gcols2, &mut w.gp1)),
         );
-        for (c, gb) in grads[off.b2..off.wf1].iter_mut().enumerate() {
-            *gb = w.gz2[c * pl2..(c + 1) * pl2].iter().sum();
-        }
-        matmul(
-            k2,
-            pl2,
-            C2,
-            &mut w.gcols2,
-            pl2,
-            false,
-            mat(&p[off.w2..off.b2], 1, k2),
-            mat(&w.gz2, pl2, 1),
-        );
-        w.gp1.fill(0.0);
-        col2im(&w.gcols2, n, C1, (g.hp1, g.wp1), (g.h2, g.w2), &mut w.gp1);
         relu_pool_backward(&w.gp1, &w.p1, &w.arg1, C1, n, (g.h0, g.w0), &mut w.gz1);
         // conv1: weight and bias gradients (the input needs none).
-        let pl1 = n * g.h0 * g.w0;
-        let k1 = g.c0 * KK;
-        matmul(
-            C1,
-            k1,
-            pl1,
-            &mut grads[off.w1..off.b1],
-            k1,
+        let (gw, gb) = grads[off.w1..off.w2].split_at_mut(off.b1 - off.w1);
+        let hws = ((g.h0, g.w0), (g.h0, g.w0));
+        let weight = &p[off.w1..off.b1];
+        conv_backward(
+            n,
+            g.c0,
+            hws,
+            &w.gz1,
+            &w.cols1,
+            weight,
+            (gw, gb),
             false,
-            mat(&w.gz1, pl1, 1),
-            mat(&w.cols1, 1, pl1),
+            None,
         );
-        for (c, gb) in grads[off.b1..off.w2].iter_mut().enumerate() {
-            *gb = w.gz1[c * pl1..(c + 1) * pl1].iter().sum();
-        }
         self.pass_times = Some([t0, t1, Instant::now()]);
         Ok(loss)
     }

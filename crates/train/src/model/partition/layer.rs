@@ -11,8 +11,7 @@
 //! `[N, C*H*W]` when a fully connected layer follows (`flatten`), as burn flattens.
 
 use super::super::cpu_lenet::{
-    col2im, conv_pool, linear_backward, linear_forward, mat, matmul, relu_mask, relu_pool_backward,
-    KK,
+    conv_backward, conv_pool, linear_backward, linear_forward, relu_mask, relu_pool_backward, KK,
 };
 
 /// What a layer computes.
@@ -238,39 +237,16 @@ impl Op {
                 }
                 s.gz.resize(c_out * pl, 0.0);
                 relu_pool_backward(&s.gp, &s.p, &s.arg, c_out, n, (oh, ow), &mut s.gz);
-                let k = c_in * KK;
-                matmul(
-                    c_out,
-                    k,
-                    pl,
-                    gw,
-                    k,
-                    true,
-                    mat(&s.gz, pl, 1),
-                    mat(&s.cols, 1, pl),
-                );
-                for (c, gb) in gb.iter_mut().enumerate() {
-                    *gb += s.gz[c * pl..(c + 1) * pl].iter().sum::<f32>();
-                }
-                if let Some(gx) = gx {
+                let gx = gx.map(|gx| {
                     // Only an unpadded, channel-major input has an input gradient here (the
                     // first block reads the images, which need none): the layer plan
                     // guarantees it.
                     debug_assert!(pad == 0 && !self.reads_images());
-                    s.gcols.resize(k * pl, 0.0);
-                    matmul(
-                        k,
-                        pl,
-                        c_out,
-                        &mut s.gcols,
-                        pl,
-                        false,
-                        mat(w, 1, k),
-                        mat(&s.gz, pl, 1),
-                    );
-                    gx.fill(0.0);
-                    col2im(&s.gcols, n, c_in, (h, w_in), (oh, ow), gx);
-                }
+                    s.gcols.resize(c_in * KK * pl, 0.0);
+                    (&mut s.gcols[..], gx)
+                });
+                let hws = ((h, w_in), (oh, ow));
+                conv_backward(n, c_in, hws, &s.gz, &s.cols, w, (gw, gb), true, gx);
             }
         }
     }
