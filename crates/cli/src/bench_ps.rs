@@ -72,7 +72,7 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
         return Ok(());
     }
     let shards =
-        crate::ps::Shards::start(args.servers, args.np, &crate::ps::ShardOptions::default())?;
+        crate::ps::start_shards(args.servers, args.np, &crate::ps::ShardOptions::default())?;
     let addrs: Vec<String> = shards.addrs.iter().map(ToString::to_string).collect();
     let mut report: Report = run_ranks_for_json(
         args.np,

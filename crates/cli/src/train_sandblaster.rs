@@ -42,7 +42,7 @@ use gradwire_train::sandblaster::ModelObjective;
 use gradwire_train::{evaluate, Eval};
 
 use crate::plot::human_bytes;
-use crate::ps::{ShardOptions, Shards};
+use crate::ps::ShardOptions;
 use crate::records::EpochRecord;
 use crate::train::Plan;
 use crate::train_ps::{PsPlan, SbPlan};
@@ -79,7 +79,8 @@ pub fn run(plan: &Plan, ps: &PsPlan, sb: &SbPlan, quiet: bool) -> Result<()> {
     let mut shards = None;
     let addrs = if ps.addrs.is_empty() {
         // The coordinator is one more client (worker id `workers`).
-        let s = Shards::start(ps.servers, workers + 1, &ShardOptions::for_run(&plan.out))?;
+        let s =
+            crate::ps::start_shards(ps.servers, workers + 1, &ShardOptions::for_run(&plan.out))?;
         let a = s.addrs.clone();
         shards = Some(s);
         a

@@ -12,6 +12,7 @@
 //! - [`rank`]: one rank of an all-reduce job: its epochs, checkpoints, timeline and
 //!   records, with its news to the front end ([`rank::Progress`]);
 //! - [`ps`]: parameter-server modes (Downpour, BSP, SSP, Sandblaster) and their flags;
+//! - [`shards`]: a parameter-server job's shard processes, supervised;
 //! - [`model_parallel`]: DistBelief's model parallelism (partitions, replicas, a rank's
 //!   groups);
 //! - [`elastic`]: the range of world sizes and the commit period;
@@ -36,6 +37,7 @@ pub mod plot;
 pub mod ps;
 pub mod rank;
 pub mod settings;
+pub mod shards;
 pub mod sync_mode;
 
 pub use plan::{link_label, Host, Plan, PlanError, Request};

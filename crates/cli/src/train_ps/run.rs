@@ -43,7 +43,7 @@ pub fn run(
     let k = plan.model_parallel.map_or(1, |mp| mp.partitions);
     let addrs = if ps.addrs.is_empty() {
         let opts = ShardOptions::for_run(&plan.out);
-        let s = Shards::start(ps.servers * k, plan.workers / k, &opts)?;
+        let s = crate::ps::start_shards(ps.servers * k, plan.workers / k, &opts)?;
         let a = s.addrs.clone();
         shards = Some(s);
         a
