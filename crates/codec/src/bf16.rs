@@ -7,7 +7,7 @@
 //! integer arithmetic that the compiler vectorizes.
 
 use crate::simd::multiversion;
-use crate::{Codec, CodecId, DecodeError, Header, HEADER_LEN};
+use crate::{Codec, CodecId, DecodeError, Header};
 
 const BLOCK: usize = 2048;
 
@@ -62,9 +62,8 @@ impl Codec for Bf16 {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::Bf16, grad.len());
-        out.resize(HEADER_LEN + grad.len() * 2, 0);
-        encode_bf16(grad, &mut out[HEADER_LEN..]);
+        let body = Header::write_sized(out, CodecId::Bf16, grad.len(), grad.len() * 2);
+        encode_bf16(grad, body);
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
@@ -78,6 +77,7 @@ impl Codec for Bf16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HEADER_LEN;
 
     #[test]
     fn rounds_to_nearest_even_like_half() {

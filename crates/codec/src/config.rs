@@ -297,21 +297,17 @@ mod tests {
             "QSGD:bits=4".parse::<CodecConfig>().unwrap().to_string(),
             "qsgd:bits=4,bucket=512,norm=max,coding=fixed,ef=false"
         );
+        let refused = |spec: &str| spec.parse::<CodecConfig>().unwrap_err();
+        assert!(matches!(refused("nope"), ConfigError::UnknownCodec { .. }));
         assert!(matches!(
-            "nope".parse::<CodecConfig>(),
-            Err(ConfigError::UnknownCodec { .. })
+            refused("fp16:bits=3"),
+            ConfigError::UnknownParam { .. }
         ));
-        assert!(matches!(
-            "fp16:bits=3".parse::<CodecConfig>(),
-            Err(ConfigError::UnknownParam { .. })
-        ));
-        assert!(matches!(
-            "qsgd:bucket=0".parse::<CodecConfig>(),
-            Err(ConfigError::BadValue { .. })
-        ));
-        assert!(matches!(
-            "onebit:ef=maybe".parse::<CodecConfig>(),
-            Err(ConfigError::BadValue { .. })
-        ));
+        for spec in ["qsgd:bucket=0", "onebit:ef=maybe"] {
+            assert!(
+                matches!(refused(spec), ConfigError::BadValue { .. }),
+                "{spec}"
+            );
+        }
     }
 }

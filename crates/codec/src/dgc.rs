@@ -65,7 +65,7 @@
 use std::fmt;
 
 use crate::sparse::{
-    decode_sparse_add, finish_sampled, fit, k_for, key, write_sparse, ThresholdEstimate,
+    decode_sparse_add, finish_sampled, fit, k_for, key, write_selection, ThresholdEstimate,
     ValueFormat,
 };
 use crate::{
@@ -284,11 +284,7 @@ impl Dgc {
 
     fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
         let n = grad.len();
-        assert!(
-            n <= u32::MAX as usize,
-            "DGC indices are u32: {n} elements is too many"
-        );
-        out.clear();
+        out.start(n, "DGC");
         // `u` and `v` always have the same length (load_state checks it): both restart.
         fit(&mut self.u, n);
         fit(&mut self.v, n);
@@ -370,15 +366,7 @@ impl Codec for Dgc {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         let mut sel = std::mem::take(&mut self.sel);
         self.select(grad, &mut sel);
-        write_sparse(
-            out,
-            CodecId::Dgc,
-            grad.len(),
-            &sel.indices,
-            &sel.values,
-            ValueFormat::Fp32,
-            true,
-        );
+        write_selection(out, CodecId::Dgc, grad.len(), &sel, ValueFormat::Fp32);
         self.sel = sel;
     }
 
@@ -393,10 +381,7 @@ impl Codec for Dgc {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            feedback: Feedback::Owned,
-            ..Caps::default()
-        }
+        Caps::biased(Feedback::Owned)
     }
 
     fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
@@ -414,17 +399,15 @@ impl Codec for Dgc {
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
         let mut r = StateReader::new(state, CodecId::Dgc)?;
-        let mut rng = self.rng.clone();
-        rng.load(&mut r)?;
+        let rng = self.rng.loaded(&mut r)?;
         let epoch = r.u64()?;
         let u = r.f32s()?;
         let v = r.f32s()?;
         r.finish()?;
         if u.len() != v.len() || epoch > u64::from(u32::MAX) {
-            return Err(DecodeError::InvalidField {
-                field: "state",
-                reason: "inconsistent momentum, velocity or epoch",
-            });
+            return Err(DecodeError::invalid_state(
+                "inconsistent momentum, velocity or epoch",
+            ));
         }
         self.rng = rng;
         self.epoch = f32::from_bits(epoch as u32);
@@ -443,19 +426,11 @@ impl SparseEncode for Dgc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_refuses_cuts, config};
 
     fn codec(spec: &str, layout: Vec<usize>, world_size: usize) -> Dgc {
-        let mut p = Params::parse(spec).unwrap();
-        let cfg = DgcConfig::parse(&mut p).unwrap();
-        p.finish().unwrap();
-        let ctx = BuildContext {
-            seed: 11,
-            rank: 0,
-            world_size,
-            layout,
-            ..Default::default()
-        };
-        Dgc::new(cfg, &ctx)
+        let ctx = BuildContext::new(11, 0, world_size, layout);
+        Dgc::new(config(spec, DgcConfig::parse), &ctx)
     }
 
     fn grad(n: usize, seed: u32) -> Vec<f32> {
@@ -608,12 +583,8 @@ mod tests {
         a.decode_add(&oa, &mut acc).unwrap();
         // Epoch 1 of 2 warm-up epochs: 6.25% of the large tensor, all of the small one.
         assert_eq!(acc.iter().filter(|&&x| x != 0.0).count(), 500 + 1844);
-        let mut acc = vec![0.0; n];
-        for cut in 0..oa.len() {
-            assert!(a.decode_add(&oa[..cut], &mut acc).is_err());
-        }
-        assert!(acc.iter().all(|&x| x == 0.0));
-        let mut p = Params::parse(&format!("dgc:{}", a.cfg.spec_params())).unwrap();
-        assert_eq!(DgcConfig::parse(&mut p).unwrap(), a.cfg);
+        assert_refuses_cuts(&a, &oa, n);
+        let spec = format!("dgc:{}", a.cfg.spec_params());
+        assert_eq!(config(&spec, DgcConfig::parse), a.cfg);
     }
 }

@@ -140,10 +140,7 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
     /// The residual is kept here ([`Feedback::Generic`]), and the wrapper is biased (it sends
     /// `grad + residual`).
     fn caps(&self) -> Caps {
-        Caps {
-            feedback: Feedback::Generic,
-            unbiased: false,
-        }
+        Caps::biased(Feedback::Generic)
     }
 
     fn set_progress(&mut self, progress: Progress) {
@@ -177,10 +174,7 @@ impl<C: Codec> Codec for ErrorFeedback<C> {
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
         let mut r = StateReader::new(state, self.inner.id())?;
         if r.u64()? != EF_TAG {
-            return Err(DecodeError::InvalidField {
-                field: "state",
-                reason: "not an error-feedback state",
-            });
+            return Err(DecodeError::invalid_state("not an error-feedback state"));
         }
         let mut residual = Vec::new();
         r.f32s_into(&mut residual)?;
@@ -246,6 +240,7 @@ impl<C: Codec> SharedScalars for ErrorFeedback<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_conserves, assert_resumes};
     use crate::{Fp16, OneBit, SignSgd};
 
     fn grad(n: usize, seed: u32) -> Vec<f32> {
@@ -255,21 +250,8 @@ mod tests {
     }
 
     fn conserves<C: Codec>(mut ef: ErrorFeedback<C>) {
-        let n = 3001;
-        let mut out = Vec::new();
-        let mut old = vec![0.0f32; n];
-        for step in 0..6 {
-            let g = grad(n, step);
-            ef.encode(&g, &mut out);
-            let mut sent = vec![0.0f32; n];
-            ef.decode_add(&out, &mut sent).unwrap();
-            for i in 0..n {
-                let lhs = sent[i] + ef.residual()[i];
-                let rhs = g[i] + old[i];
-                assert!((lhs - rhs).abs() <= 1e-6 * (1.0 + rhs.abs()), "{lhs} {rhs}");
-            }
-            old = ef.residual().to_vec();
-        }
+        let grads = (0..6).map(|step| grad(3001, step));
+        assert_conserves(&mut ef, ErrorFeedback::residual, grads, 1e-6);
     }
 
     #[test]
@@ -297,13 +279,8 @@ mod tests {
         let mut a = ErrorFeedback::new(OneBit::new(64, &[]));
         let mut out = Vec::new();
         a.encode(&grad(500, 1), &mut out);
-        let s = a.save_state();
         let mut b = ErrorFeedback::new(OneBit::new(64, &[]));
-        b.load_state(&s).unwrap();
-        let (mut oa, mut ob) = (Vec::new(), Vec::new());
-        a.encode(&grad(500, 2), &mut oa);
-        b.encode(&grad(500, 2), &mut ob);
-        assert_eq!(oa, ob);
+        let s = assert_resumes(&mut a, &mut b, [grad(500, 2)]);
         assert!(b.load_state(&s[..s.len() - 1]).is_err());
         assert!(ErrorFeedback::new(Fp16).load_state(&s).is_err());
     }

@@ -10,7 +10,7 @@
 use half::{f16, slice::HalfFloatSliceExt};
 
 use crate::simd::multiversion;
-use crate::{Codec, CodecId, DecodeError, Header, HEADER_LEN};
+use crate::{Codec, CodecId, DecodeError, Header};
 
 /// Elements converted per stack block.
 const BLOCK: usize = 2048;
@@ -25,13 +25,9 @@ impl Codec for Fp16 {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::Fp16, grad.len());
-        out.resize(HEADER_LEN + grad.len() * 2, 0);
+        let body = Header::write_sized(out, CodecId::Fp16, grad.len(), grad.len() * 2);
         let mut buf = [f16::ZERO; BLOCK];
-        for (src, dst) in grad
-            .chunks(BLOCK)
-            .zip(out[HEADER_LEN..].chunks_mut(BLOCK * 2))
-        {
+        for (src, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(BLOCK * 2)) {
             let b = &mut buf[..src.len()];
             b.convert_from_f32_slice(src);
             let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(&*b);
@@ -74,6 +70,7 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HEADER_LEN;
 
     #[test]
     fn f16_to_f32_is_exact_for_every_pattern() {

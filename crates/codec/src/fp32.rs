@@ -28,10 +28,7 @@ impl Codec for Fp32 {
 
     /// Lossless, so unbiased; a fused kernel for `none:ef=true`.
     fn caps(&self) -> Caps {
-        Caps {
-            unbiased: true,
-            ..Caps::default()
-        }
+        Caps::UNBIASED
     }
 
     fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {

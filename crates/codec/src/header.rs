@@ -113,6 +113,19 @@ impl Header {
         out.extend_from_slice(&(count as u64).to_le_bytes());
     }
 
+    /// Clears `out`, writes the header for `count` elements of `codec` and makes room for a
+    /// body of `body_len` bytes after it, zeroed; returns the body.
+    pub fn write_sized(
+        out: &mut Vec<u8>,
+        codec: CodecId,
+        count: usize,
+        body_len: usize,
+    ) -> &mut [u8] {
+        Header::write(out, codec, count);
+        out.resize(HEADER_LEN + body_len, 0);
+        &mut out[HEADER_LEN..]
+    }
+
     /// Checks the header of `payload` for `expected` codec and an accumulator of
     /// `acc_len` elements; returns the bytes after the header.
     pub fn check(payload: &[u8], expected: CodecId, acc_len: usize) -> Result<&[u8], DecodeError> {

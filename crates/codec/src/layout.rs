@@ -116,6 +116,17 @@ pub fn tensors_for(tensors: &[TensorInfo], len: usize) -> Option<&[TensorInfo]> 
     .then_some(tensors)
 }
 
+/// Each of `tensors` with its range in the flat gradient they make up, in order.
+pub fn tensor_ranges(
+    tensors: &[TensorInfo],
+) -> impl Iterator<Item = (Range<usize>, &TensorInfo)> + '_ {
+    tensors.iter().scan(0usize, |at, t| {
+        let r = *at..*at + t.numel();
+        *at = r.end;
+        Some((r, t))
+    })
+}
+
 /// How a column-wise quantizer (1-bit SGD, adaptive) groups elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Columns {
@@ -149,16 +160,9 @@ impl Columns {
             _ => None,
         };
         let segs: Vec<(Range<usize>, usize)> = match shaped {
-            Some(ts) => {
-                let mut at = 0;
-                ts.iter()
-                    .map(|t| {
-                        let r = at..at + t.numel();
-                        at = r.end;
-                        (r, t.column_len())
-                    })
-                    .collect()
-            }
+            Some(ts) => tensor_ranges(ts)
+                .map(|(r, t)| (r, t.column_len()))
+                .collect(),
             None => segments(layout, len)
                 .map(|r| {
                     let step = match self {

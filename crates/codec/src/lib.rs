@@ -63,6 +63,8 @@ mod signsgd;
 pub mod simd;
 mod state;
 mod terngrad;
+#[cfg(test)]
+mod testing;
 // Sparse codecs (threshold, adaptive, topk, randomk, dgc): their `mod` lines go here.
 mod adaptive;
 mod dgc;
@@ -79,7 +81,7 @@ pub use feedback::ErrorFeedback;
 pub use fp16::Fp16;
 pub use fp32::Fp32;
 pub use header::{CodecId, Header, HEADER_LEN, MAGIC, VERSION};
-pub use layout::{segments, tensors_for, Columns, TensorInfo, TensorRole};
+pub use layout::{segments, tensor_ranges, tensors_for, Columns, TensorInfo, TensorRole};
 pub use onebit::{OneBit, OneBitConfig};
 pub use params::{ConfigError, Params};
 pub use powersgd::{PowerSgd, PowerSgdConfig};
@@ -110,7 +112,7 @@ pub mod external {
         sel: &SparseGrad,
         vf: ValueFormat,
     ) {
-        crate::sparse::write_sparse(out, codec, n, &sel.indices, &sel.values, vf, true)
+        crate::sparse::write_selection(out, codec, n, sel, vf)
     }
 
     /// `ceil(ratio * n)` clamped to `[1, n]`, as the sparsifiers compute `k`.
@@ -266,6 +268,17 @@ pub enum DecodeError {
     },
 }
 
+impl DecodeError {
+    /// A saved state ([`Codec::save_state`], [`StateReader`]) that holds an impossible value:
+    /// the [`DecodeError::InvalidField`] of field `state`.
+    pub const fn invalid_state(reason: &'static str) -> Self {
+        DecodeError::InvalidField {
+            field: "state",
+            reason,
+        }
+    }
+}
+
 /// A gradient compressor. `encode` writes one payload (header included) into a reusable
 /// buffer; `decode_add` adds a payload's decoded values into a running sum.
 pub trait Codec: Send {
@@ -333,6 +346,22 @@ pub struct Caps {
     pub unbiased: bool,
     /// Who keeps what a payload leaves out.
     pub feedback: Feedback,
+}
+
+impl Caps {
+    /// Unbiased, no residual (QSGD, TernGrad, lossless fp32).
+    pub const UNBIASED: Caps = Caps {
+        unbiased: true,
+        feedback: Feedback::None,
+    };
+
+    /// Biased, its residual kept as `feedback` says.
+    pub const fn biased(feedback: Feedback) -> Caps {
+        Caps {
+            unbiased: false,
+            feedback,
+        }
+    }
 }
 
 /// A codec's (index, value) form, for the sparse all-reduce, which merges indices as it
@@ -414,6 +443,17 @@ impl SparseGrad {
     pub fn clear(&mut self) {
         self.indices.clear();
         self.values.clear();
+    }
+
+    /// Empties both vectors for a selection over `n` elements, which must fit the `u32`
+    /// indices (`codec` names the selecting codec in the panic).
+    #[track_caller]
+    pub(crate) fn start(&mut self, n: usize, codec: &str) {
+        assert!(
+            n <= u32::MAX as usize,
+            "{codec} indices are u32: {n} elements is too many"
+        );
+        self.clear();
     }
 }
 

@@ -52,7 +52,7 @@ use crate::pack::{pack, packed_bytes, unpack_add};
 use crate::simd::multiversion;
 use crate::{
     BuildContext, Codec, CodecId, Columns, ConfigError, DecodeError, FeedbackEncode, Header,
-    Params, TensorInfo, HEADER_LEN,
+    Params, TensorInfo,
 };
 
 /// The run length of `column=shape` when the shapes are unknown.
@@ -251,10 +251,10 @@ impl Codec for OneBit {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::OneBit, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
         let cols = self.columns(grad.len());
-        encode_all(&cols, grad, &mut out[HEADER_LEN..]);
+        let body_len = self.body_len(grad.len());
+        let body = Header::write_sized(out, CodecId::OneBit, grad.len(), body_len);
+        encode_all(&cols, grad, body);
     }
 
     fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
@@ -278,10 +278,10 @@ impl Codec for OneBit {
 
 impl FeedbackEncode for OneBit {
     fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::OneBit, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
         let cols = self.columns(grad.len());
-        encode_fb(&cols, grad, residual, &mut out[HEADER_LEN..]);
+        let body_len = self.body_len(grad.len());
+        let body = Header::write_sized(out, CodecId::OneBit, grad.len(), body_len);
+        encode_fb(&cols, grad, residual, body);
     }
 }
 
@@ -289,6 +289,7 @@ impl FeedbackEncode for OneBit {
 mod tests {
     use super::*;
     use crate::ErrorFeedback;
+    use crate::HEADER_LEN;
 
     fn grad(n: usize, seed: u32) -> Vec<f32> {
         (0..n)

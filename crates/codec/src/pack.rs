@@ -17,6 +17,16 @@ pub(crate) const fn packed_bytes(n: usize, w: u32) -> usize {
     n.div_ceil((32 / w) as usize) * 4
 }
 
+/// How `n` codes of `W` bits lie in the words: `(k, mask, block, full)`, with `k` codes a
+/// word, `mask` the low `W` bits, `block` codes a full block and `full` full blocks before
+/// the partial one.
+#[inline(always)]
+fn grid<const W: u32>(n: usize) -> (usize, u32, usize, usize) {
+    let k = (32 / W) as usize;
+    let mask = if W == 32 { u32::MAX } else { (1u32 << W) - 1 };
+    (k, mask, LANES * k, n / (LANES * k))
+}
+
 #[inline(always)]
 fn load(d: &[u8], l: usize) -> u32 {
     u32::from_le_bytes([d[4 * l], d[4 * l + 1], d[4 * l + 2], d[4 * l + 3]])
@@ -31,11 +41,8 @@ pub(crate) fn pack<const W: u32>(
     dst: &mut [u8],
     mut code: impl FnMut(f32, u32) -> u32,
 ) {
-    let k = (32 / W) as usize;
-    let mask = if W == 32 { u32::MAX } else { (1u32 << W) - 1 };
-    let block = LANES * k;
+    let (k, mask, block, full) = grid::<W>(src.len());
     debug_assert_eq!(dst.len(), packed_bytes(src.len(), W));
-    let full = src.len() / block;
     let (sb, st) = src.split_at(full * block);
     let (db, dt) = dst.split_at_mut(full * LANES * 4);
     for (bi, (s, d)) in sb
@@ -76,11 +83,8 @@ pub(crate) fn pack<const W: u32>(
 /// `acc`.
 #[inline(always)]
 pub(crate) fn unpack_add<const W: u32>(src: &[u8], acc: &mut [f32], val: impl Fn(u32) -> f32) {
-    let k = (32 / W) as usize;
-    let mask = if W == 32 { u32::MAX } else { (1u32 << W) - 1 };
-    let block = LANES * k;
+    let (k, mask, block, full) = grid::<W>(acc.len());
     debug_assert_eq!(src.len(), packed_bytes(acc.len(), W));
-    let full = acc.len() / block;
     let (ab, at) = acc.split_at_mut(full * block);
     let (sb, st) = src.split_at(full * LANES * 4);
     for (a, s) in ab.chunks_exact_mut(block).zip(sb.chunks_exact(LANES * 4)) {

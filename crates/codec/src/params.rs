@@ -126,19 +126,7 @@ impl Params {
         lo: f64,
         hi: f64,
     ) -> Result<f64, ConfigError> {
-        match self.raw(key) {
-            None => default.ok_or_else(|| ConfigError::MissingParam {
-                codec: self.codec.clone(),
-                param: key.into(),
-            }),
-            Some(v) => {
-                let x: f64 = v.parse().map_err(|_| self.bad(key, &v, "not a number"))?;
-                if !(lo..=hi).contains(&x) {
-                    return Err(self.bad(key, &v, format!("must be in [{lo}, {hi}]")));
-                }
-                Ok(x)
-            }
-        }
+        self.number_in(key, default, (lo, hi), "not a number")
     }
 
     /// An unsigned integer parameter within `[lo, hi]`, or `default` when absent.
@@ -149,15 +137,25 @@ impl Params {
         lo: usize,
         hi: usize,
     ) -> Result<usize, ConfigError> {
+        self.number_in(key, default, (lo, hi), "not a non-negative integer")
+    }
+
+    /// A number parameter within `[lo, hi]`, or `default` when absent (`None`: required);
+    /// `unparsed` is the reason given for a value that does not parse as an `N`.
+    fn number_in<N: Copy + std::str::FromStr + PartialOrd + std::fmt::Display>(
+        &mut self,
+        key: &'static str,
+        default: Option<N>,
+        (lo, hi): (N, N),
+        unparsed: &str,
+    ) -> Result<N, ConfigError> {
         match self.raw(key) {
             None => default.ok_or_else(|| ConfigError::MissingParam {
                 codec: self.codec.clone(),
                 param: key.into(),
             }),
             Some(v) => {
-                let x: usize = v
-                    .parse()
-                    .map_err(|_| self.bad(key, &v, "not a non-negative integer"))?;
+                let x: N = v.parse().map_err(|_| self.bad(key, &v, unparsed))?;
                 if !(lo..=hi).contains(&x) {
                     return Err(self.bad(key, &v, format!("must be in [{lo}, {hi}]")));
                 }

@@ -351,17 +351,13 @@ impl Codec for PowerSgd {
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
         let mut r = StateReader::new(state, CodecId::PowerSgd)?;
-        let mut rng = self.rng.clone();
-        rng.load(&mut r)?;
+        let rng = self.rng.loaded(&mut r)?;
         let q_len = r.u64()?;
         let q = r.f32s()?;
         r.finish()?;
         // Bound the work of re-deriving shapes (trial division up to sqrt(len)).
         if q_len != usize::MAX as u64 && q_len > 1 << 40 {
-            return Err(DecodeError::InvalidField {
-                field: "state",
-                reason: "gradient length too large",
-            });
+            return Err(DecodeError::invalid_state("gradient length too large"));
         }
         self.rng = rng;
         self.q_len = usize::try_from(q_len).unwrap_or(usize::MAX);
@@ -373,10 +369,7 @@ impl Codec for PowerSgd {
             if need != self.q.len() {
                 self.q_len = usize::MAX;
                 self.q.clear();
-                return Err(DecodeError::InvalidField {
-                    field: "state",
-                    reason: "warm-start matrices do not fit",
-                });
+                return Err(DecodeError::invalid_state("warm-start matrices do not fit"));
             }
         }
         Ok(())
@@ -386,6 +379,7 @@ impl Codec for PowerSgd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_resumes;
     use crate::HEADER_LEN;
 
     #[test]
@@ -421,13 +415,8 @@ mod tests {
         for (a, b) in d.iter().zip(&g) {
             assert!((a - b).abs() < 1e-3, "{a} {b}");
         }
-        let s = c.save_state();
         let mut c2 = PowerSgd::new(2, true, &layout, 5, 0);
-        c2.load_state(&s).unwrap();
-        let mut o2 = Vec::new();
-        c.encode(&g, &mut out);
-        c2.encode(&g, &mut o2);
-        assert_eq!(out, o2);
+        let s = assert_resumes(&mut c, &mut c2, [g.clone()]);
         assert!(PowerSgd::new(3, true, &layout, 5, 0)
             .load_state(&s)
             .is_err());

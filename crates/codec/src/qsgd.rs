@@ -466,10 +466,7 @@ impl Codec for Qsgd {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            unbiased: true,
-            ..Caps::default()
-        }
+        Caps::UNBIASED
     }
 
     fn set_progress(&mut self, progress: Progress) {
@@ -484,8 +481,7 @@ impl Codec for Qsgd {
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
         let mut r = StateReader::new(state, CodecId::Qsgd)?;
-        let mut rng = self.rng.clone();
-        rng.load(&mut r)?;
+        let rng = self.rng.loaded(&mut r)?;
         r.finish()?;
         self.rng = rng;
         Ok(())
@@ -495,6 +491,7 @@ impl Codec for Qsgd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_resumes;
 
     fn grad(n: usize) -> Vec<f32> {
         (0..n)
@@ -583,14 +580,10 @@ mod tests {
         let buckets = n.div_ceil(512);
         let words: usize = g.chunks(512).map(|b| b.len().div_ceil(8)).sum();
         assert_eq!(out.len(), HEADER_LEN + 4 * buckets + 4 * words);
-        let s = q.save_state();
         let mut q2 = Qsgd::new(cfg(7, 512, QsgdNorm::Max, QsgdCoding::Fixed), 1, 0);
-        q2.load_state(&s).unwrap();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        q.encode(&g, &mut a);
-        q2.encode(&g, &mut b);
-        assert_eq!(a, b);
+        assert_resumes(&mut q, &mut q2, [g.clone()]);
         // A different step gives a different draw, the same step the same one.
+        let (mut a, mut b) = (Vec::new(), Vec::new());
         let mut q3 = Qsgd::new(cfg(7, 512, QsgdNorm::Max, QsgdCoding::Fixed), 1, 0);
         q3.set_progress(Progress {
             step: 5,

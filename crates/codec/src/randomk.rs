@@ -130,14 +130,10 @@ impl RandomK {
     /// (key, scale).
     fn select(&mut self, grad: &[f32], out: &mut SparseGrad) -> (u64, f32) {
         let n = grad.len();
-        assert!(
-            n <= u32::MAX as usize,
-            "random-k indices are u32: {n} elements is too many"
-        );
+        out.start(n, "random-k");
         let (step, call) = (self.step, self.call);
         self.call += 1;
         let k = k_for(self.cfg.ratio, n);
-        out.clear();
         let key = step_key(self.seed, call, step);
         draw(key, n, k, &mut out.indices);
         if self.cfg.ef {
@@ -258,19 +254,13 @@ impl SparseEncode for RandomK {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{
+        assert_conserves, assert_refuses_cuts, assert_resumes, config, patched, refused,
+    };
 
     fn codec(spec: &str, seed: u64, rank: usize) -> RandomK {
-        let mut p = Params::parse(spec).unwrap();
-        let cfg = RandomKConfig::parse(&mut p).unwrap();
-        p.finish().unwrap();
-        let ctx = BuildContext {
-            seed,
-            rank,
-            world_size: 4,
-            layout: vec![],
-            ..Default::default()
-        };
-        RandomK::new(cfg, &ctx)
+        let ctx = BuildContext::new(seed, rank, 4, vec![]);
+        RandomK::new(config(spec, RandomKConfig::parse), &ctx)
     }
 
     fn grad(n: usize, seed: u32) -> Vec<f32> {
@@ -354,25 +344,9 @@ mod tests {
         let n = 5000;
         let mut c = codec("randomk:ratio=0.05,scale=false", 1, 0);
         assert!(!c.caps().unbiased);
-        let mut out = Vec::new();
-        let mut before = vec![0.0f32; n];
-        for s in 0..3 {
-            let g = grad(n, s);
-            c.encode(&g, &mut out);
-            let mut sent = vec![0.0; n];
-            c.decode_add(&out, &mut sent).unwrap();
-            for i in 0..n {
-                assert!((sent[i] + c.residual()[i] - g[i] - before[i]).abs() < 1e-5);
-            }
-            before = c.residual().to_vec();
-        }
-        let st = c.save_state();
+        assert_conserves(&mut c, RandomK::residual, (0..3).map(|s| grad(n, s)), 1e-5);
         let mut d = codec("randomk:ratio=0.05,scale=false", 1, 0);
-        d.load_state(&st).unwrap();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        c.encode(&grad(n, 9), &mut a);
-        d.encode(&grad(n, 9), &mut b);
-        assert_eq!(a, b);
+        let st = assert_resumes(&mut c, &mut d, [grad(n, 9)]);
         assert!(d.load_state(&st[..st.len() - 2]).is_err());
     }
 
@@ -382,31 +356,24 @@ mod tests {
         let mut c = codec("randomk:ratio=0.01", 1, 0);
         let mut out = Vec::new();
         c.encode(&grad(n, 1), &mut out);
-        let mut acc = vec![0.0; n];
-        for cut in 0..out.len() {
-            assert!(c.decode_add(&out[..cut], &mut acc).is_err());
-        }
-        let mut bad = out.clone();
-        bad.push(0);
+        assert_refuses_cuts(&c, &out, n);
+        let mut longer = out.clone();
+        longer.push(0);
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::TrailingBytes { .. })
+            refused(&c, &longer, n),
+            DecodeError::TrailingBytes { .. }
         ));
-        let mut bad = out.clone();
-        bad[HEADER_LEN + 16..HEADER_LEN + 20].copy_from_slice(&f32::NAN.to_le_bytes());
+        let nan = patched(&out, HEADER_LEN + 16, &f32::NAN.to_le_bytes());
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::InvalidField { field: "scale", .. })
+            refused(&c, &nan, n),
+            DecodeError::InvalidField { field: "scale", .. }
         ));
-        let mut bad = out.clone();
-        bad[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        let huge = patched(&out, HEADER_LEN + 8, &u64::MAX.to_le_bytes());
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::InvalidField { field: "k", .. })
+            refused(&c, &huge, n),
+            DecodeError::InvalidField { field: "k", .. }
         ));
-        assert!(acc.iter().all(|&v| v == 0.0));
-        let cfg = c.cfg.clone();
-        let mut p = Params::parse(&format!("randomk:{}", cfg.spec_params())).unwrap();
-        assert_eq!(RandomKConfig::parse(&mut p).unwrap(), cfg);
+        let spec = format!("randomk:{}", c.cfg.spec_params());
+        assert_eq!(config(&spec, RandomKConfig::parse), c.cfg);
     }
 }

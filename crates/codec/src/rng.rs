@@ -69,6 +69,14 @@ impl StepRng {
         self.call = r.u64()?;
         Ok(())
     }
+
+    /// This RNG at the position [`StepRng::save`] saved (for a `load_state` that changes
+    /// nothing until every field has been read).
+    pub fn loaded(&self, r: &mut StateReader<'_>) -> Result<StepRng, DecodeError> {
+        let mut rng = self.clone();
+        rng.load(r)?;
+        Ok(rng)
+    }
 }
 
 /// A bijective 32-bit mix of element index `i` under `key` (lowbias32 finalizer).

@@ -21,7 +21,6 @@ use crate::pack::{pack, packed_bytes, unpack_add};
 use crate::simd::multiversion;
 use crate::{
     BuildContext, Codec, CodecId, ConfigError, DecodeError, FeedbackEncode, Header, Params,
-    HEADER_LEN,
 };
 
 /// Parameters of EF-signSGD.
@@ -154,9 +153,9 @@ impl Codec for SignSgd {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::SignSgd, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        encode_all(&self.layout, grad, &mut out[HEADER_LEN..]);
+        let body_len = self.body_len(grad.len());
+        let body = Header::write_sized(out, CodecId::SignSgd, grad.len(), body_len);
+        encode_all(&self.layout, grad, body);
     }
 
     fn feedback_encode(&mut self) -> Option<&mut dyn FeedbackEncode> {
@@ -178,15 +177,16 @@ impl Codec for SignSgd {
 
 impl FeedbackEncode for SignSgd {
     fn encode_feedback(&mut self, grad: &[f32], residual: &mut [f32], out: &mut Vec<u8>) {
-        Header::write(out, CodecId::SignSgd, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
-        encode_fb(&self.layout, grad, residual, &mut out[HEADER_LEN..]);
+        let body_len = self.body_len(grad.len());
+        let body = Header::write_sized(out, CodecId::SignSgd, grad.len(), body_len);
+        encode_fb(&self.layout, grad, residual, body);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HEADER_LEN;
 
     #[test]
     fn scaled_signs_and_ratio() {

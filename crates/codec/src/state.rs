@@ -1,9 +1,11 @@
 //! Codec state (residuals, RNG position, warm-start matrices) to and from bytes.
 //!
 //! Layout: a 4-byte tag (`b"GWS"` + the codec id), then fields in the order the codec writes
-//! them, little-endian: `u64`s, and `f32` vectors as a `u64` length followed by the values.
-//! The reader is total: a wrong tag, a short buffer or a length larger than what remains
-//! gives a [`DecodeError`], and it never allocates more than the bytes it was given.
+//! them, little-endian: `u64`s, and `f32` vectors and byte strings as a `u64` length followed
+//! by the values. The reader is total: a wrong tag, a short buffer or a length larger than
+//! what remains gives a [`DecodeError`], and it never allocates more than the bytes it was
+//! given. Other state in the same layout (gradwire-collective's compressed all-reduces) takes
+//! its own tag: [`StateWriter::tagged`], [`StateReader::tagged`].
 
 use crate::{CodecId, DecodeError};
 
@@ -16,10 +18,12 @@ pub struct StateWriter {
 impl StateWriter {
     /// Starts the state of `codec`.
     pub fn new(codec: CodecId) -> Self {
-        let mut buf = Vec::new();
-        buf.extend_from_slice(b"GWS");
-        buf.push(codec as u8);
-        StateWriter { buf }
+        Self::tagged(&codec_tag(codec))
+    }
+
+    /// Starts a state of something other than a codec, tagged `tag`.
+    pub fn tagged(tag: &[u8; 4]) -> Self {
+        StateWriter { buf: tag.to_vec() }
     }
 
     /// Appends a `u64`.
@@ -57,32 +61,46 @@ pub struct StateReader<'a> {
     rest: &'a [u8],
 }
 
-const fn state_err(reason: &'static str) -> DecodeError {
-    DecodeError::InvalidField {
-        field: "state",
-        reason,
+/// The tag of `codec`'s state.
+fn codec_tag(codec: CodecId) -> [u8; 4] {
+    [b'G', b'W', b'S', codec as u8]
+}
+
+/// The 4-byte tag of `state` and what follows it.
+fn split_tag(state: &[u8]) -> Result<(&[u8], &[u8]), DecodeError> {
+    if state.len() < 4 {
+        return Err(DecodeError::Truncated {
+            need: 4,
+            have: state.len(),
+        });
     }
+    Ok(state.split_at(4))
 }
 
 impl<'a> StateReader<'a> {
     /// Checks the tag of `state` for `codec`.
     pub fn new(state: &'a [u8], codec: CodecId) -> Result<Self, DecodeError> {
-        if state.len() < 4 {
-            return Err(DecodeError::Truncated {
-                need: 4,
-                have: state.len(),
-            });
+        let (tag, rest) = split_tag(state)?;
+        if tag[..3] != codec_tag(codec)[..3] {
+            return Err(DecodeError::invalid_state("not a gradwire codec state"));
         }
-        if &state[..3] != b"GWS" {
-            return Err(state_err("not a gradwire codec state"));
-        }
-        if state[3] != codec as u8 {
+        if tag[3] != codec as u8 {
             return Err(DecodeError::WrongCodec {
                 expected: codec,
-                found: state[3],
+                found: tag[3],
             });
         }
-        Ok(StateReader { rest: &state[4..] })
+        Ok(StateReader { rest })
+    }
+
+    /// Checks that `state` is tagged `tag` (a state written by [`StateWriter::tagged`]); `what`
+    /// is the error's reason when it is not.
+    pub fn tagged(state: &'a [u8], tag: &[u8; 4], what: &'static str) -> Result<Self, DecodeError> {
+        let (found, rest) = split_tag(state)?;
+        if found != tag {
+            return Err(DecodeError::invalid_state(what));
+        }
+        Ok(StateReader { rest })
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
@@ -190,5 +208,26 @@ mod tests {
             .unwrap()
             .f32s()
             .is_err());
+        assert!(StateReader::new(&bad, CodecId::Qsgd)
+            .unwrap()
+            .bytes()
+            .is_err());
+    }
+
+    #[test]
+    fn tagged_states() {
+        let s = StateWriter::tagged(b"GWQR").u64(9).finish();
+        let mut r = StateReader::tagged(&s, b"GWQR", "x").unwrap();
+        assert_eq!(r.u64().unwrap(), 9);
+        r.finish().unwrap();
+        assert!(matches!(
+            StateReader::tagged(&s, b"GWSR", "not a stripe state"),
+            Err(DecodeError::InvalidField {
+                reason: "not a stripe state",
+                ..
+            })
+        ));
+        assert!(StateReader::tagged(&s[..3], b"GWQR", "x").is_err());
+        assert!(StateReader::new(&s, CodecId::Qsgd).is_err());
     }
 }

@@ -37,7 +37,7 @@ use crate::rng::uniform;
 use crate::simd::multiversion;
 use crate::{
     BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Header, Params, Progress,
-    SharedScalars, StateReader, StateWriter, StepRng, TensorRole, HEADER_LEN,
+    SharedScalars, StateReader, StateWriter, StepRng, TensorRole,
 };
 
 /// Parameters of TernGrad.
@@ -238,17 +238,10 @@ impl Codec for TernGrad {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         let key = self.rng.next_key();
         let shared = self.shared.take();
-        Header::write(out, CodecId::TernGrad, grad.len());
-        out.resize(HEADER_LEN + self.body_len(grad.len()), 0);
         let tensors = self.tensors(grad.len());
-        encode_all(
-            &tensors,
-            self.clip,
-            key,
-            shared.as_deref(),
-            grad,
-            &mut out[HEADER_LEN..],
-        );
+        let body_len = self.body_len(grad.len());
+        let body = Header::write_sized(out, CodecId::TernGrad, grad.len(), body_len);
+        encode_all(&tensors, self.clip, key, shared.as_deref(), grad, body);
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
@@ -281,10 +274,7 @@ impl Codec for TernGrad {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            unbiased: true,
-            ..Caps::default()
-        }
+        Caps::UNBIASED
     }
 
     fn set_progress(&mut self, progress: Progress) {
@@ -307,17 +297,11 @@ impl Codec for TernGrad {
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), DecodeError> {
         let mut r = StateReader::new(state, CodecId::TernGrad)?;
-        let mut rng = self.rng.clone();
-        rng.load(&mut r)?;
+        let rng = self.rng.loaded(&mut r)?;
         let shared = match r.u64()? {
             u64::MAX => None,
             0 => Some(r.f32s()?),
-            _ => {
-                return Err(DecodeError::InvalidField {
-                    field: "state",
-                    reason: "bad shared scalar",
-                })
-            }
+            _ => return Err(DecodeError::invalid_state("bad shared scalar")),
         };
         r.finish()?;
         self.rng = rng;
@@ -341,6 +325,7 @@ impl SharedScalars for TernGrad {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HEADER_LEN;
 
     fn grad(n: usize) -> Vec<f32> {
         (0..n)

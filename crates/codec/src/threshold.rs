@@ -109,11 +109,7 @@ impl Threshold {
     /// `+-tau`) into `out` and takes them off the residual.
     fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
         let n = grad.len();
-        assert!(
-            n <= u32::MAX as usize,
-            "threshold selection uses u32 indices: {n} elements is too many"
-        );
-        out.clear();
+        out.start(n, "threshold");
         fit(&mut self.residual, n);
         self.cand.clear();
         scan_add_into(grad, &mut self.residual, key(self.tau), &mut self.cand);
@@ -179,10 +175,7 @@ impl Codec for Threshold {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            feedback: Feedback::Owned,
-            ..Caps::default()
-        }
+        Caps::biased(Feedback::Owned)
     }
 
     fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
@@ -213,12 +206,10 @@ impl SparseEncode for Threshold {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_refuses_cuts, assert_resumes, config, patched, refused};
 
     fn codec(spec: &str) -> Threshold {
-        let mut p = Params::parse(spec).unwrap();
-        let cfg = ThresholdConfig::parse(&mut p).unwrap();
-        p.finish().unwrap();
-        Threshold::new(cfg)
+        Threshold::new(config(spec, ThresholdConfig::parse))
     }
 
     fn grad(n: usize, seed: u32) -> Vec<f32> {
@@ -293,13 +284,8 @@ mod tests {
             }
             before = c.residual().to_vec();
         }
-        let st = c.save_state();
         let mut d = codec("threshold:tau=0.1,max_ratio=0.01");
-        d.load_state(&st).unwrap();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        c.encode(&grad(n, 7), &mut a);
-        d.encode(&grad(n, 7), &mut b);
-        assert_eq!(a, b);
+        assert_resumes(&mut c, &mut d, [grad(n, 7)]);
     }
 
     #[test]
@@ -309,37 +295,29 @@ mod tests {
         let mut out = Vec::new();
         c.encode(&grad(n, 3), &mut out);
         assert!(out.len() > 32);
-        let mut acc = vec![0.0; n];
-        for cut in 0..out.len() {
-            assert!(c.decode_add(&out[..cut], &mut acc).is_err());
-        }
-        let mut bad = out.clone();
-        bad[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert_refuses_cuts(&c, &out, n);
+        let nan = patched(&out, HEADER_LEN, &f32::NAN.to_le_bytes());
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::InvalidField { field: "tau", .. })
+            refused(&c, &nan, n),
+            DecodeError::InvalidField { field: "tau", .. }
         ));
-        let mut bad = out.clone();
-        let at = bad.len() - 4;
-        bad[at..].copy_from_slice(&(200u32 << 1).to_le_bytes());
+        let at = out.len() - 4;
+        let beyond = patched(&out, at, &(200u32 << 1).to_le_bytes());
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::IndexOutOfRange { index: 200, .. })
+            refused(&c, &beyond, n),
+            DecodeError::IndexOutOfRange { index: 200, .. }
         ));
-        let mut bad = out.clone();
-        bad[at..].copy_from_slice(&0u32.to_le_bytes());
+        let repeated = patched(&out, at, &0u32.to_le_bytes());
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::InvalidField { field: "index", .. })
+            refused(&c, &repeated, n),
+            DecodeError::InvalidField { field: "index", .. }
         ));
-        let mut bad = out.clone();
-        bad[HEADER_LEN + 4..HEADER_LEN + 12].copy_from_slice(&(1u64 << 62).to_le_bytes());
-        assert!(c.decode_add(&bad, &mut acc).is_err());
+        let mut bad = patched(&out, HEADER_LEN + 4, &(1u64 << 62).to_le_bytes());
+        refused(&c, &bad, n);
         bad.push(1);
-        assert!(c.decode_add(&bad, &mut acc).is_err());
-        assert!(acc.iter().all(|&v| v == 0.0));
-        let mut p = Params::parse(&format!("threshold:{}", c.cfg.spec_params())).unwrap();
-        assert_eq!(ThresholdConfig::parse(&mut p).unwrap(), c.cfg);
+        refused(&c, &bad, n);
+        let spec = format!("threshold:{}", c.cfg.spec_params());
+        assert_eq!(config(&spec, ThresholdConfig::parse), c.cfg);
         assert!(Params::parse("threshold")
             .and_then(|mut p| ThresholdConfig::parse(&mut p))
             .is_err());

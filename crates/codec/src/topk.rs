@@ -56,7 +56,7 @@ use std::fmt;
 
 use crate::sparse::{
     decode_sparse_add, exact_topk, finish_sampled, fit, k_for, load_rng_residual,
-    save_rng_residual, scan_above, scan_add_into, write_sparse, ThresholdEstimate, ValueFormat,
+    save_rng_residual, scan_above, scan_add_into, write_selection, ThresholdEstimate, ValueFormat,
 };
 use crate::{
     segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
@@ -218,11 +218,7 @@ impl TopK {
     /// Selects this step's pairs into `out` and updates the residual.
     fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
         let n = grad.len();
-        assert!(
-            n <= u32::MAX as usize,
-            "top-k indices are u32: {n} elements is too many"
-        );
-        out.clear();
+        out.start(n, "top-k");
         let TopK {
             cfg,
             ratio,
@@ -296,15 +292,7 @@ impl Codec for TopK {
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) {
         let mut sel = std::mem::take(&mut self.sel);
         self.select(grad, &mut sel);
-        write_sparse(
-            out,
-            CodecId::TopK,
-            grad.len(),
-            &sel.indices,
-            &sel.values,
-            self.cfg.values,
-            true,
-        );
+        write_selection(out, CodecId::TopK, grad.len(), &sel, self.cfg.values);
         self.sel = sel;
     }
 
@@ -318,10 +306,7 @@ impl Codec for TopK {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            feedback: Feedback::owned_if(self.cfg.ef),
-            ..Caps::default()
-        }
+        Caps::biased(Feedback::owned_if(self.cfg.ef))
     }
 
     fn sparse_encode(&mut self) -> Option<&mut dyn SparseEncode> {
@@ -347,6 +332,7 @@ impl SparseEncode for TopK {
 mod tests {
     use super::*;
     use crate::sparse::{index_bytes, reference_topk as reference, SPARSE_PREFIX};
+    use crate::testing::{assert_conserves, assert_refuses_cuts, assert_resumes, config, refused};
     use crate::HEADER_LEN;
 
     fn grad(n: usize, seed: u64) -> Vec<f32> {
@@ -364,17 +350,10 @@ mod tests {
     }
 
     fn codec(spec: &str, layout: Vec<usize>) -> TopK {
-        let mut p = Params::parse(spec).unwrap();
-        let cfg = TopKConfig::parse(&mut p).unwrap();
-        p.finish().unwrap();
-        let ctx = BuildContext {
-            seed: 7,
-            rank: 0,
-            world_size: 1,
-            layout,
-            ..Default::default()
-        };
-        TopK::new(cfg, &ctx)
+        TopK::new(
+            config(spec, TopKConfig::parse),
+            &BuildContext::new(7, 0, 1, layout),
+        )
     }
 
     #[test]
@@ -449,20 +428,8 @@ mod tests {
         ] {
             let n = 30_000;
             let mut c = codec(spec, vec![10_000, 20_000]);
-            let mut out = Vec::new();
-            let mut before = vec![0.0f32; n];
-            for step in 0..4 {
-                let g = grad(n, 100 + step);
-                c.encode(&g, &mut out);
-                let mut sent = vec![0.0f32; n];
-                c.decode_add(&out, &mut sent).unwrap();
-                for i in 0..n {
-                    let lhs = sent[i] + c.residual()[i];
-                    let rhs = g[i] + before[i];
-                    assert!((lhs - rhs).abs() <= 1e-6 * rhs.abs().max(1.0), "{spec} {i}");
-                }
-                before = c.residual().to_vec();
-            }
+            let grads = (0..4).map(|step| grad(n, 100 + step));
+            assert_conserves(&mut c, TopK::residual, grads, 1e-6);
         }
     }
 
@@ -508,16 +475,8 @@ mod tests {
             });
             a.encode(&grad(n, s), &mut out);
         }
-        let st = a.save_state();
         let mut b = codec("topk:ratio=0.002", vec![]);
-        b.load_state(&st).unwrap();
-        let (mut oa, mut ob) = (Vec::new(), Vec::new());
-        for s in 3..6 {
-            let g = grad(n, s);
-            a.encode(&g, &mut oa);
-            b.encode(&g, &mut ob);
-            assert_eq!(oa, ob);
-        }
+        let st = assert_resumes(&mut a, &mut b, (3..6).map(|s| grad(n, s)));
         assert!(b.load_state(&st[..st.len() - 1]).is_err());
         assert!(b.load_state(b"junk").is_err());
     }
@@ -528,21 +487,17 @@ mod tests {
         let mut c = codec("topk:ratio=0.01", vec![]);
         let mut out = Vec::new();
         c.encode(&grad(n, 4), &mut out);
-        let mut acc = vec![0.0; n];
-        for cut in 0..out.len() {
-            assert!(c.decode_add(&out[..cut], &mut acc).is_err());
-        }
+        assert_refuses_cuts(&c, &out, n);
         assert!(matches!(
-            c.decode_add(&out, &mut acc[..n - 1]),
-            Err(DecodeError::LengthMismatch { .. })
+            refused(&c, &out, n - 1),
+            DecodeError::LengthMismatch { .. }
         ));
         let mut bad = out.clone();
         bad[3] = CodecId::Dgc as u8;
         assert!(matches!(
-            c.decode_add(&bad, &mut acc),
-            Err(DecodeError::WrongCodec { .. })
+            refused(&c, &bad, n),
+            DecodeError::WrongCodec { .. }
         ));
-        assert!(acc.iter().all(|&v| v == 0.0));
     }
 
     #[test]
@@ -553,8 +508,7 @@ mod tests {
             s,
             "ratio=0.001,select=sampled,scope=tensor,values=fp16,ef=true"
         );
-        let mut p = Params::parse(&format!("topk:{s}")).unwrap();
-        assert_eq!(TopKConfig::parse(&mut p).unwrap(), c.cfg);
+        assert_eq!(config(&format!("topk:{s}"), TopKConfig::parse), c.cfg);
         let mut p = Params::parse("topk:ratio=0").unwrap();
         assert!(TopKConfig::parse(&mut p).is_err());
         // The warm-up shows only when set, and round-trips.
@@ -564,8 +518,7 @@ mod tests {
             s,
             "ratio=0.01,select=sampled,scope=global,values=fp32,ef=true,warmup_epochs=3"
         );
-        let mut p = Params::parse(&format!("topk:{s}")).unwrap();
-        assert_eq!(TopKConfig::parse(&mut p).unwrap(), c.cfg);
+        assert_eq!(config(&format!("topk:{s}"), TopKConfig::parse), c.cfg);
     }
 
     #[test]

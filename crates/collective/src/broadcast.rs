@@ -5,7 +5,7 @@
 use gradwire_transport::Transport;
 
 use crate::exchange::seg_elems;
-use crate::{chunks, element, ring, select, Element, Error, Result};
+use crate::{chunks, ring, select, Element, Error, Result};
 
 /// Checks that `root` names a rank.
 pub(crate) fn check_root(root: usize, world: usize) -> Result<()> {
@@ -69,15 +69,27 @@ pub fn binomial<T: Transport + ?Sized, E: Element>(
     let world = t.world_size();
     check_root(root, world)?;
     let (parent, children) = binomial_tree(t.rank(), world, root);
+    let nseg = chunks::segments(buf.len(), seg_elems::<E>(seg_bytes));
+    down_tree(t, parent, &children, buf, nseg)
+}
+
+/// Passes `buf` down a tree in `nseg` segments: each segment is received from `parent`
+/// (unless this rank is the root) and forwarded to the `children` as soon as it arrives.
+fn down_tree<T: Transport + ?Sized, P: bytemuck::Pod>(
+    t: &mut T,
+    parent: Option<usize>,
+    children: &[usize],
+    buf: &mut [P],
+    nseg: usize,
+) -> Result<()> {
     let len = buf.len();
-    let nseg = chunks::segments(len, seg_elems::<E>(seg_bytes));
     for j in 0..nseg {
         let r = chunks::range(len, nseg, j);
         if let Some(p) = parent {
-            t.recv_into(p, element::bytes_mut(&mut buf[r.clone()]))?;
+            t.recv_into(p, bytemuck::cast_slice_mut(&mut buf[r.clone()]))?;
         }
-        for &c in &children {
-            t.send(c, element::bytes(&buf[r.clone()]))?;
+        for &c in children {
+            t.send(c, bytemuck::cast_slice(&buf[r.clone()]))?;
         }
     }
     Ok(())
@@ -161,18 +173,8 @@ pub fn broadcast_bytes<T: Transport + ?Sized>(
     for &c in &children {
         t.send(c, &len_msg)?;
     }
-    let len = buf.len();
-    let nseg = chunks::segments(len, seg_bytes);
-    for j in 0..nseg {
-        let r = chunks::range(len, nseg, j);
-        if let Some(p) = parent {
-            t.recv_into(p, &mut buf[r.clone()])?;
-        }
-        for &c in &children {
-            t.send(c, &buf[r.clone()])?;
-        }
-    }
-    Ok(())
+    let nseg = chunks::segments(buf.len(), seg_bytes);
+    down_tree(t, parent, &children, buf, nseg)
 }
 
 #[cfg(test)]

@@ -218,26 +218,26 @@ mod tests {
             x ^= x << 5;
             vals.push(f32::from_bits(x));
         }
+        let v64: Vec<f64> = vals.iter().map(|&v| v as f64 * 1e-300).collect();
         for n in [1usize, 2, 3, 4, 5, 7, 8, 16, 64, 1000, 1024, 1 << 20] {
-            let mut got = vals.clone();
-            <f32 as Element>::divide(&mut got, n);
-            for (v, g) in vals.iter().zip(&got) {
-                let want = v / n as f32;
-                assert!(
-                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                    "{v:e} / {n}: {g:e} != {want:e}"
-                );
-            }
-            let v64: Vec<f64> = vals.iter().map(|&v| v as f64 * 1e-300).collect();
-            let mut got = v64.clone();
-            <f64 as Element>::divide(&mut got, n);
-            for (v, g) in v64.iter().zip(&got) {
-                let want = v / n as f64;
-                assert!(
-                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                    "{v:e} / {n}: {g:e} != {want:e}"
-                );
-            }
+            check_divide(&vals, n, |v| v / n as f32);
+            check_divide(&v64, n, |v| v / n as f64);
+        }
+    }
+
+    /// Checks [`Element::divide`] of `vals` by `n` against `div` (IEEE division): the same
+    /// bits, or NaN for NaN.
+    fn check_divide<E: Element + fmt::LowerExp>(vals: &[E], n: usize, div: impl Fn(E) -> E) {
+        let mut got = vals.to_vec();
+        E::divide(&mut got, n);
+        for (&v, &g) in vals.iter().zip(&got) {
+            let want = div(v);
+            #[allow(clippy::eq_op)] // NaN is the value that differs from itself.
+            let both_nan = g != g && want != want;
+            assert!(
+                bytemuck::bytes_of(&g) == bytemuck::bytes_of(&want) || both_nan,
+                "{v:e} / {n}: {g:e} != {want:e}"
+            );
         }
     }
 

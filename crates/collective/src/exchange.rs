@@ -9,6 +9,7 @@ use std::ops::Range;
 use gradwire_transport::Transport;
 
 use crate::element::{bytes, bytes_mut};
+use crate::fold::{Fold, Role};
 use crate::scratch::Scratch;
 use crate::{chunks, Element, ReduceOp, Result};
 
@@ -150,6 +151,36 @@ pub(crate) fn recv_reduce<T: Transport + ?Sized, E: Element>(
         E::reduce(op, &mut acc[r], tmp);
     }
     Ok(())
+}
+
+/// Runs a power-of-two all-reduce `core` on a world of any size through the [`fold`]
+/// (`crate::fold`): an extra sends its buffer to its proxy and receives the result from it;
+/// a proxy first reduces its extra's buffer into its own and sends it the result after; every
+/// rank that takes part runs `core` with the fold and its virtual rank. The hand-overs travel
+/// in `nseg` segments.
+///
+/// [`fold`]: crate::fold
+pub(crate) fn folded<T: Transport + ?Sized, E: Element>(
+    t: &mut T,
+    buf: &mut [E],
+    op: ReduceOp,
+    nseg: usize,
+    core: impl FnOnce(&mut T, &Fold, usize, &mut [E], &mut Scratch) -> Result<()>,
+) -> Result<()> {
+    let fold = Fold::new(t.world_size());
+    let mut scratch = Scratch::take();
+    match fold.role(t.rank()) {
+        Role::Extra { proxy } => {
+            send_segs(t, proxy, buf, nseg)?;
+            recv_segs(t, proxy, buf, nseg)
+        }
+        Role::Proxy { extra, vrank } => {
+            recv_reduce(t, extra, buf, op, nseg, &mut scratch)?;
+            core(t, &fold, vrank, buf, &mut scratch)?;
+            send_segs(t, extra, buf, nseg)
+        }
+        Role::Member { vrank } => core(t, &fold, vrank, buf, &mut scratch),
+    }
 }
 
 /// Two disjoint sub-slices of `buf`: `(&buf[a], &mut buf[b])`.

@@ -13,10 +13,9 @@ use std::ops::Range;
 use gradwire_transport::Transport;
 
 use crate::exchange::{
-    pair_segments, recv_reduce, recv_segs, reduce_steps, seg_elems, send_recv_copy, send_segs,
-    split_pair, Step,
+    folded, pair_segments, reduce_steps, seg_elems, send_recv_copy, split_pair, Step,
 };
-use crate::fold::{Fold, Role};
+use crate::fold::Fold;
 use crate::scratch::Scratch;
 use crate::{chunks, element, ring, Element, ReduceOp, Result};
 
@@ -28,28 +27,13 @@ pub fn all_reduce<T: Transport + ?Sized, E: Element>(
     seg_bytes: usize,
 ) -> Result<()> {
     let world = t.world_size();
-    let fold = Fold::new(world);
     let seg = seg_elems::<E>(seg_bytes);
     let nseg = chunks::segments(buf.len(), seg);
-    let mut scratch = Scratch::take();
-    let vrank = match fold.role(t.rank()) {
-        Role::Extra { proxy } => {
-            send_segs(t, proxy, buf, nseg)?;
-            return recv_segs(t, proxy, buf, nseg);
-        }
-        Role::Proxy { extra, vrank } => {
-            recv_reduce(t, extra, buf, op, nseg, &mut scratch)?;
-            vrank
-        }
-        Role::Member { vrank } => vrank,
-    };
-    let mine = halving(t, &fold, vrank, buf, op, seg, &mut scratch)?;
-    element::finish(op, &mut buf[mine], world);
-    doubling(t, &fold, vrank, buf, seg)?;
-    if let Role::Proxy { extra, .. } = fold.role(t.rank()) {
-        send_segs(t, extra, buf, nseg)?;
-    }
-    Ok(())
+    folded(t, buf, op, nseg, |t, fold, vrank, buf, scratch| {
+        let mine = halving(t, fold, vrank, buf, op, seg, scratch)?;
+        element::finish(op, &mut buf[mine], world);
+        doubling(t, fold, vrank, buf, seg)
+    })
 }
 
 /// Reduce-scatter: on power-of-two worlds by recursive halving, otherwise by the ring.

@@ -6,8 +6,8 @@
 
 use gradwire_transport::Transport;
 
-use crate::exchange::{recv_reduce, recv_segs, reduce_steps, seg_elems, send_segs, Step};
-use crate::fold::{doubling_partners, Fold, Role};
+use crate::exchange::{folded, reduce_steps, seg_elems, Step};
+use crate::fold::{doubling_partners, Fold};
 use crate::scratch::Scratch;
 use crate::{chunks, element, Element, ReduceOp, Result};
 
@@ -19,26 +19,12 @@ pub fn all_reduce<T: Transport + ?Sized, E: Element>(
     seg_bytes: usize,
 ) -> Result<()> {
     let world = t.world_size();
-    let fold = Fold::new(world);
     let nseg = chunks::segments(buf.len(), seg_elems::<E>(seg_bytes));
-    let mut scratch = Scratch::take();
-    match fold.role(t.rank()) {
-        Role::Extra { proxy } => {
-            send_segs(t, proxy, buf, nseg)?;
-            recv_segs(t, proxy, buf, nseg)
-        }
-        Role::Proxy { extra, vrank } => {
-            recv_reduce(t, extra, buf, op, nseg, &mut scratch)?;
-            core(t, &fold, vrank, buf, op, nseg, &mut scratch)?;
-            element::finish(op, buf, world);
-            send_segs(t, extra, buf, nseg)
-        }
-        Role::Member { vrank } => {
-            core(t, &fold, vrank, buf, op, nseg, &mut scratch)?;
-            element::finish(op, buf, world);
-            Ok(())
-        }
-    }
+    folded(t, buf, op, nseg, |t, fold, vrank, buf, scratch| {
+        core(t, fold, vrank, buf, op, nseg, scratch)?;
+        element::finish(op, buf, world);
+        Ok(())
+    })
 }
 
 fn core<T: Transport + ?Sized, E: Element>(

@@ -77,3 +77,51 @@ pub fn quantized_ring(
     }
     out
 }
+
+/// Gather-decode ([`crate::compressed::GatherDecode`]) written out: the codecs' shared scalars
+/// (if any) agreed as the element-wise max over ranks, every rank's gradient (`grads[r]`)
+/// encoded with its codec (`codecs[r]`), and every payload decoded in rank order into one sum.
+/// Returns that sum (not yet divided); the codecs keep their state for the next step.
+pub fn gather_decode(
+    codecs: &mut [Box<dyn gradwire_codec::Codec>],
+    grads: &[Vec<f32>],
+) -> Vec<f32> {
+    let shared = codecs
+        .iter_mut()
+        .zip(grads)
+        .filter_map(|(c, g)| c.shared_scalars().map(|s| s.local_scalars(g)))
+        .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
+    let mut payloads = Vec::new();
+    for (c, g) in codecs.iter_mut().zip(grads) {
+        if let (Some(s), Some(c)) = (&shared, c.shared_scalars()) {
+            c.set_shared_scalars(s);
+        }
+        let mut p = Vec::new();
+        c.encode(g, &mut p);
+        payloads.push(p);
+    }
+    let mut sum = vec![0.0f32; grads.first().map_or(0, Vec::len)];
+    for p in &payloads {
+        codecs[0]
+            .decode_add(p, &mut sum)
+            .expect("the reference decodes its own payloads");
+    }
+    sum
+}
+
+/// The sparse all-reduce ([`crate::compressed::SparseAllReduce`]) written out: every rank's
+/// (index, value) pairs (`codecs[r]`'s [`gradwire_codec::SparseEncode`] of `grads[r]`) added
+/// into one dense sum, in rank order. The codecs keep their state for the next step; panics
+/// on a codec that does not sparsify.
+pub fn sparse_sum(codecs: &mut [Box<dyn gradwire_codec::Codec>], grads: &[Vec<f32>]) -> Vec<f32> {
+    let mut sum = vec![0.0f32; grads.first().map_or(0, Vec::len)];
+    let mut s = gradwire_codec::SparseGrad::default();
+    for (c, g) in codecs.iter_mut().zip(grads) {
+        let c = c.sparse_encode().expect("a sparsifier");
+        c.encode_sparse(g, &mut s);
+        for (&i, &v) in s.indices.iter().zip(&s.values) {
+            sum[i as usize] += v;
+        }
+    }
+    sum
+}

@@ -21,11 +21,7 @@ impl Adaptive {
     /// Quantizes `grad + residual`: fills `self.cols`, and `out` with the sent (index, +-mu).
     pub(super) fn select(&mut self, grad: &[f32], out: &mut SparseGrad) {
         let n = grad.len();
-        assert!(
-            n <= u32::MAX as usize,
-            "adaptive selection uses u32 indices: {n} elements is too many"
-        );
-        out.clear();
+        out.start(n, "adaptive");
         self.cols.clear();
         fit(&mut self.residual, n);
         for (x, &y) in self.residual.iter_mut().zip(grad) {

@@ -4,20 +4,12 @@
 use super::wire::golomb_words;
 use super::*;
 use crate::sparse::k_for;
-use crate::{Codec, DecodeError, Params, HEADER_LEN};
+use crate::testing::{assert_refuses_cuts, assert_resumes, config, patched, refused};
+use crate::{Codec, DecodeError, HEADER_LEN};
 
 fn codec(spec: &str, layout: Vec<usize>) -> Adaptive {
-    let mut p = Params::parse(spec).unwrap();
-    let cfg = AdaptiveConfig::parse(&mut p).unwrap();
-    p.finish().unwrap();
-    let ctx = BuildContext {
-        seed: 5,
-        rank: 1,
-        world_size: 2,
-        layout,
-        ..Default::default()
-    };
-    Adaptive::new(cfg, &ctx)
+    let ctx = BuildContext::new(5, 1, 2, layout);
+    Adaptive::new(config(spec, AdaptiveConfig::parse), &ctx)
 }
 
 fn grad(n: usize, seed: u32) -> Vec<f32> {
@@ -72,13 +64,8 @@ fn quantizes_to_column_means_and_conserves_the_signal() {
         }
         before = c.residual().to_vec();
     }
-    let st = c.save_state();
     let mut d = codec("adaptive:pi=0.01,column=tensor", layout);
-    d.load_state(&st).unwrap();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    c.encode(&grad(n, 9), &mut a);
-    d.encode(&grad(n, 9), &mut b);
-    assert_eq!(a, b);
+    assert_resumes(&mut c, &mut d, [grad(n, 9)]);
 }
 
 /// `ternary=true` against a naive reference: the same selection as without it (same
@@ -222,35 +209,29 @@ fn decoder_rejects_malformed() {
     let mut c = codec("adaptive:pi=0.02", vec![1000, 1000]);
     let mut out = Vec::new();
     c.encode(&grad(n, 1), &mut out);
-    let mut acc = vec![0.0; n];
-    for cut in 0..out.len() {
-        assert!(c.decode_add(&out[..cut], &mut acc).is_err());
-    }
-    let mut bad = out.clone();
-    bad[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert!(c.decode_add(&bad, &mut acc).is_err());
-    let mut bad = out.clone();
-    bad[HEADER_LEN + 12..HEADER_LEN + 16].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert_refuses_cuts(&c, &out, n);
+    refused(&c, &patched(&out, HEADER_LEN, &u32::MAX.to_le_bytes()), n);
+    let nan = patched(&out, HEADER_LEN + 12, &f32::NAN.to_le_bytes());
     assert!(matches!(
-        c.decode_add(&bad, &mut acc),
-        Err(DecodeError::InvalidField { field: "mu", .. })
+        refused(&c, &nan, n),
+        DecodeError::InvalidField { field: "mu", .. }
     ));
-    let mut bad = out.clone();
-    bad[HEADER_LEN + 4..HEADER_LEN + 12].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(c.decode_add(&bad, &mut acc).is_err());
-    let mut bad = out.clone();
-    let at = bad.len() - 4;
-    bad[at..].copy_from_slice(&(5000u32 << 1).to_le_bytes());
+    refused(
+        &c,
+        &patched(&out, HEADER_LEN + 4, &u64::MAX.to_le_bytes()),
+        n,
+    );
+    let at = out.len() - 4;
+    let beyond = patched(&out, at, &(5000u32 << 1).to_le_bytes());
     assert!(matches!(
-        c.decode_add(&bad, &mut acc),
-        Err(DecodeError::IndexOutOfRange { .. })
+        refused(&c, &beyond, n),
+        DecodeError::IndexOutOfRange { .. }
     ));
-    bad[at..].copy_from_slice(&0u32.to_le_bytes());
+    let repeated = patched(&out, at, &0u32.to_le_bytes());
     assert!(matches!(
-        c.decode_add(&bad, &mut acc),
-        Err(DecodeError::InvalidField { field: "index", .. })
+        refused(&c, &repeated, n),
+        DecodeError::InvalidField { field: "index", .. }
     ));
-    assert!(acc.iter().all(|&v| v == 0.0));
-    let mut p = Params::parse(&format!("adaptive:{}", c.cfg.spec_params())).unwrap();
-    assert_eq!(AdaptiveConfig::parse(&mut p).unwrap(), c.cfg);
+    let spec = format!("adaptive:{}", c.cfg.spec_params());
+    assert_eq!(config(&spec, AdaptiveConfig::parse), c.cfg);
 }

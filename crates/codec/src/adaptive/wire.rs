@@ -207,10 +207,7 @@ impl Codec for Adaptive {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            feedback: Feedback::Owned,
-            ..Caps::default()
-        }
+        Caps::biased(Feedback::Owned)
     }
 
     fn set_progress(&mut self, progress: Progress) {

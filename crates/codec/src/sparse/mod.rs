@@ -21,7 +21,7 @@ pub(crate) use select::{
     cut_to_k, exact_topk, finish_sampled, k_for, key, scan_above, scan_add_into, step_key,
 };
 pub use wire::ValueFormat;
-pub(crate) use wire::{decode_sparse_add, write_sparse};
+pub(crate) use wire::{decode_sparse_add, write_selection};
 #[cfg(test)]
 pub(crate) use wire::{index_bytes, SPARSE_PREFIX};
 pub(crate) use words::{check_next, index_of, is_negative, put_words, word_at, word_bytes};

@@ -29,8 +29,7 @@ pub(crate) fn load_rng_residual(
     residual: &mut Vec<f32>,
 ) -> Result<(), DecodeError> {
     let mut r = StateReader::new(state, codec)?;
-    let mut new_rng = rng.clone();
-    new_rng.load(&mut r)?;
+    let new_rng = rng.loaded(&mut r)?;
     let new_residual = r.f32s()?;
     r.finish()?;
     *rng = new_rng;

@@ -19,7 +19,7 @@
 use half::f16;
 
 use super::bytes::{check_len, invalid, read_u64};
-use crate::{CodecId, DecodeError, Header, HEADER_LEN};
+use crate::{CodecId, DecodeError, Header, SparseGrad, HEADER_LEN};
 
 /// How the values of a sparse payload travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -119,6 +119,18 @@ fn gaps(indices: &[u32]) -> impl Iterator<Item = u32> + '_ {
 pub(crate) fn index_bytes(indices: &[u32]) -> usize {
     let delta: usize = gaps(indices).map(varint_len).sum();
     delta.min(4 * indices.len())
+}
+
+/// Writes the payload of a selection as top-k and DGC do: [`write_sparse`] with the shorter
+/// index coding.
+pub(crate) fn write_selection(
+    out: &mut Vec<u8>,
+    codec: CodecId,
+    n: usize,
+    sel: &SparseGrad,
+    vf: ValueFormat,
+) {
+    write_sparse(out, codec, n, &sel.indices, &sel.values, vf, true)
 }
 
 /// Writes a whole sparse payload (layout in the module doc). `indices` strictly increasing,

@@ -63,6 +63,33 @@ pub(crate) fn check_built_for<T: gradwire_transport::Transport + ?Sized>(
     Ok(())
 }
 
+/// The all-gather leg of the two-leg all-reduces ([`QuantizedAllReduce`],
+/// [`StripeAllReduce`]): all-gathers every rank's `payload` (its chunk, encoded), overwrites
+/// chunk `c` of `grad` with the decoding of rank `c`'s payload (`chunk(c)`: its range and the
+/// codec that decodes it), in rank order so that every rank ends with the same bits, then
+/// applies `reduce`. Returns the bytes this rank sent.
+pub(crate) fn all_gather_chunks<'c, T: gradwire_transport::Transport + ?Sized>(
+    t: &mut T,
+    payload: &[u8],
+    gathered: &mut Vec<Vec<u8>>,
+    grad: &mut [f32],
+    chunk: impl Fn(usize) -> (std::ops::Range<usize>, &'c dyn gradwire_codec::Codec),
+    reduce: Reduce,
+) -> crate::Result<u64> {
+    let before = t.bytes_sent();
+    crate::gather::all_gather_bytes(t, payload, gathered)?;
+    let sent = t.bytes_sent() - before;
+    for (peer, p) in gathered.iter().enumerate() {
+        let (r, codec) = chunk(peer);
+        grad[r.clone()].fill(0.0);
+        codec
+            .decode_add(p, &mut grad[r])
+            .map_err(|source| crate::Error::Decode { peer, source })?;
+    }
+    reduce.finish(grad, t.world_size());
+    Ok(sent)
+}
+
 /// How a compressed all-reduce combines the ranks' gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Reduce {

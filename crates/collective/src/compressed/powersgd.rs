@@ -52,10 +52,12 @@
 
 use std::ops::Range;
 
-use gradwire_codec::{segments, BuildContext, DecodeError, PowerSgdConfig, TensorRole};
+use gradwire_codec::{
+    segments, tensor_ranges, BuildContext, DecodeError, PowerSgdConfig, StateReader, StateWriter,
+    TensorRole,
+};
 use gradwire_transport::Transport;
 
-use super::state::{invalid, Reader, Writer};
 use super::Reduce;
 use crate::{Algorithm, Error, ReduceOp, Result};
 
@@ -146,23 +148,25 @@ pub fn factor_algorithm(world: usize) -> Algorithm {
     }
 }
 
-/// A low-rank tensor's `M` as a row-major matrix of `len` floats: in place in `m` (the
-/// error-fed gradient at `range`), or, when stored `transposed`, the next one in `view`
-/// (advancing `vat`).
+/// Every low-rank tensor's `M`, in order, as a row-major `rows x cols` matrix
+/// `(rows, cols, M)`: in place in `m` (the error-fed gradient), or, for one stored
+/// transposed, the next one in `view`.
 fn row_major<'a>(
-    range: &Range<usize>,
-    len: usize,
-    transposed: bool,
+    tensors: &'a [PowerSgdTensor],
     m: &'a [f32],
     view: &'a [f32],
-    vat: &mut usize,
-) -> &'a [f32] {
-    if transposed {
-        *vat += len;
-        &view[*vat - len..*vat]
-    } else {
-        &m[range.clone()]
-    }
+) -> impl Iterator<Item = (usize, usize, &'a [f32])> + 'a {
+    let mut vat = 0;
+    tensors.iter().filter_map(PowerSgdTensor::low_rank).map(
+        move |(range, rows, cols, transposed)| {
+            if transposed {
+                vat += rows * cols;
+                (rows, cols, &view[vat - rows * cols..vat])
+            } else {
+                (rows, cols, &m[range.clone()])
+            }
+        },
+    )
 }
 
 /// The tag of a [`PowerSgdAllReduce`]'s saved state.
@@ -195,10 +199,7 @@ impl PowerSgdAllReduce {
         let mut tensors = Vec::new();
         match ctx.tensors_for(len) {
             Some(ts) => {
-                let mut at = 0;
-                for t in ts {
-                    let range = at..at + t.numel();
-                    at = range.end;
+                for (range, t) in tensor_ranges(ts) {
                     let (mut rows, mut cols) =
                         (t.shape.first().copied().unwrap_or(1), t.column_len());
                     // burn's Linear weights (and the output layer's) are `[in, out]`.
@@ -288,7 +289,7 @@ impl PowerSgdAllReduce {
     /// vector (empty before the first compressed step and with `ef=false`). Buffers and byte
     /// counters are not state.
     pub fn save_state(&self) -> Vec<u8> {
-        let mut w = Writer::new(TAG);
+        let mut w = StateWriter::tagged(TAG);
         w.u64(self.step).u64(self.q.len() as u64);
         for q in &self.q {
             w.f32s(q);
@@ -301,10 +302,10 @@ impl PowerSgdAllReduce {
     /// or another rank `r`, an error of another length, truncated) and leaves this
     /// all-reduce as it was.
     pub fn load_state(&mut self, state: &[u8]) -> std::result::Result<(), DecodeError> {
-        let mut r = Reader::new(state, TAG, "not a PowerSGD all-reduce state")?;
+        let mut r = StateReader::tagged(state, TAG, "not a PowerSGD all-reduce state")?;
         let step = r.u64()?;
         if r.u64()? != self.q.len() as u64 {
-            return Err(invalid(
+            return Err(DecodeError::invalid_state(
                 "PowerSGD state of another number of low-rank tensors",
             ));
         }
@@ -312,7 +313,9 @@ impl PowerSgdAllReduce {
         for q in &self.q {
             let saved = r.f32s()?;
             if saved.len() != q.len() {
-                return Err(invalid("PowerSGD Q of another shape or rank"));
+                return Err(DecodeError::invalid_state(
+                    "PowerSGD Q of another shape or rank",
+                ));
             }
             qs.push(saved);
         }
@@ -390,21 +393,7 @@ impl PowerSgdAllReduce {
         }
         // All-reduce 1: every P_i = M_i Q, then the dense tensors.
         self.buf1.clear();
-        let mut vat = 0;
-        for (k, (range, rows, cols, transposed)) in self
-            .tensors
-            .iter()
-            .filter_map(PowerSgdTensor::low_rank)
-            .enumerate()
-        {
-            let m = row_major(
-                range,
-                rows * cols,
-                transposed,
-                &self.m,
-                &self.view,
-                &mut vat,
-            );
+        for (k, (rows, cols, m)) in row_major(&self.tensors, &self.m, &self.view).enumerate() {
             let q = &self.q[k];
             for i in 0..rows {
                 let row = &m[i * cols..(i + 1) * cols];
@@ -424,18 +413,8 @@ impl PowerSgdAllReduce {
         }
         // Orthogonalize each P; all-reduce 2: every Q_i = M_i^T P^.
         self.buf2.clear();
-        let (mut at, mut vat) = (0, 0);
-        for (range, rows, cols, transposed) in
-            self.tensors.iter().filter_map(PowerSgdTensor::low_rank)
-        {
-            let m = row_major(
-                range,
-                rows * cols,
-                transposed,
-                &self.m,
-                &self.view,
-                &mut vat,
-            );
+        let mut at = 0;
+        for (rows, cols, m) in row_major(&self.tensors, &self.m, &self.view) {
             let p = &mut self.buf1[at..at + rows * r];
             orthogonalize(p, rows, r);
             let q0 = self.buf2.len();
@@ -530,25 +509,7 @@ mod tests {
 
     use super::{PowerSgdAllReduce, PowerSgdTensor};
     use crate::compressed::Reduce;
-    use crate::tests::{local_world, run_world, tcp_world};
-
-    /// LeNet-5's parameters, as `gradwire train --model lenet` lists them (burn's layouts:
-    /// Linear weights `[in, out]`).
-    fn lenet() -> Vec<TensorInfo> {
-        use TensorRole::*;
-        vec![
-            TensorInfo::new([6, 1, 5, 5], ConvWeight),
-            TensorInfo::new([6], Bias),
-            TensorInfo::new([16, 6, 5, 5], ConvWeight),
-            TensorInfo::new([16], Bias),
-            TensorInfo::new([400, 120], LinearWeight),
-            TensorInfo::new([120], Bias),
-            TensorInfo::new([120, 84], LinearWeight),
-            TensorInfo::new([84], Bias),
-            TensorInfo::new([84, 10], Output),
-            TensorInfo::new([10], Bias),
-        ]
-    }
+    use crate::tests::{lenet, local_world, run_world, tcp_world};
 
     fn grad(rank: usize, step: usize, len: usize) -> Vec<f32> {
         let mut g = rand::rngs::StdRng::seed_from_u64((rank * 131 + step) as u64);
@@ -569,14 +530,15 @@ mod tests {
     #[test]
     fn factor_bytes_are_a_ring_all_reduce_of_the_hooks_buffers() {
         const FLOATS: u64 = 236 + 472 + 1558;
-        let len: usize = lenet().iter().map(TensorInfo::numel).sum();
+        let len: usize = lenet(400).iter().map(TensorInfo::numel).sum();
         for (world, factory) in [
             (4, local_world as fn(usize) -> _),
             (3, local_world),
             (2, tcp_world),
         ] {
             let got = run_world(factory(world), |t| {
-                let ctx = BuildContext::new(5, t.rank(), world, Vec::new()).with_tensors(lenet());
+                let ctx =
+                    BuildContext::new(5, t.rank(), world, Vec::new()).with_tensors(lenet(400));
                 let mut a = PowerSgdAllReduce::new(&cfg("powersgd:rank=2"), &ctx, len);
                 let mut per_step = Vec::new();
                 for s in 0..3 {
@@ -602,12 +564,13 @@ mod tests {
     /// on the outputs are those of `start=0` fed the same later gradients.
     #[test]
     fn start_runs_plain_all_reduces_then_compresses_from_a_clean_state() {
-        let ts = lenet();
+        let ts = lenet(400);
         let len: usize = ts.iter().map(TensorInfo::numel).sum();
         let (start, steps) = (2, 5);
         for world in [1, 3, 4] {
             let got = run_world(local_world(world), |t| {
-                let ctx = BuildContext::new(9, t.rank(), world, Vec::new()).with_tensors(lenet());
+                let ctx =
+                    BuildContext::new(9, t.rank(), world, Vec::new()).with_tensors(lenet(400));
                 let mut warm = PowerSgdAllReduce::new(&cfg("powersgd:rank=2,start=2"), &ctx, len);
                 let mut cold = PowerSgdAllReduce::new(&cfg("powersgd:rank=2"), &ctx, len);
                 let mut outs = Vec::new();

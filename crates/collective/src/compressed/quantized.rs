@@ -28,10 +28,10 @@ use std::ops::Range;
 use gradwire_codec::{Codec, DecodeError};
 use gradwire_transport::Transport;
 
-use super::state::{invalid, load_all, Reader, Writer};
-use super::Reduce;
+use super::state::{load_codecs, save_codecs, Tag};
+use super::{all_gather_chunks, Reduce};
 use crate::ring::{left, reduce_scatter_step, right};
-use crate::{chunks, gather, Error, Result};
+use crate::{chunks, Error, Result};
 
 /// Which leg of the quantized all-reduce a codec serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,7 +43,11 @@ pub enum Leg {
 }
 
 /// The tag of a [`QuantizedAllReduce`]'s saved state.
-const TAG: &[u8; 4] = b"GWQR";
+const TAG: Tag = Tag {
+    tag: b"GWQR",
+    not_ours: "not a quantized all-reduce state",
+    other_world: "quantized all-reduce state of another world size",
+};
 
 /// Dryden's quantized all-reduce for tensors of one length on one world, with the per-chunk
 /// codec state it carries across steps.
@@ -116,12 +120,7 @@ impl QuantizedAllReduce {
     /// `u64`, then each codec's state as a `u64` length and its bytes, the all-gather's last.
     /// Buffers and byte counters are not state.
     pub fn save_state(&self) -> Vec<u8> {
-        let mut w = Writer::new(TAG);
-        w.u64(self.world as u64);
-        for c in &self.rs {
-            w.bytes(&c.save_state());
-        }
-        w.bytes(&self.ag.save_state()).finish()
+        save_codecs(&TAG, &self.rs, &*self.ag)
     }
 
     /// Restores what [`QuantizedAllReduce::save_state`] saved on the same rank of a world
@@ -129,18 +128,7 @@ impl QuantizedAllReduce {
     /// another all-reduce, another world size, truncated, or refused by a codec) and leaves
     /// this all-reduce as it was.
     pub fn load_state(&mut self, state: &[u8]) -> std::result::Result<(), DecodeError> {
-        let mut r = Reader::new(state, TAG, "not a quantized all-reduce state")?;
-        if r.u64()? != self.world as u64 {
-            return Err(invalid("quantized all-reduce state of another world size"));
-        }
-        let mut states = Vec::with_capacity(self.world + 1);
-        for _ in 0..=self.world {
-            states.push(r.bytes()?);
-        }
-        r.finish()?;
-        let mut codecs: Vec<&mut Box<dyn Codec>> = self.rs.iter_mut().collect();
-        codecs.push(&mut self.ag);
-        load_all(&mut codecs, &states)
+        load_codecs(state, &TAG, &mut self.rs, &mut self.ag)
     }
 
     /// Replaces `grad` by the quantized sum (or mean) over ranks.
@@ -181,16 +169,9 @@ impl QuantizedAllReduce {
             return Err(shared_scalar);
         }
         self.ag.encode(&grad[mine], &mut self.send);
-        gather::all_gather_bytes(t, &self.send, &mut self.gathered)?;
-        self.ag_bytes += t.bytes_sent() - mid;
-        for (c, payload) in self.gathered.iter().enumerate() {
-            let r = chunks::range(self.len, world, c);
-            grad[r.clone()].fill(0.0);
-            self.ag
-                .decode_add(payload, &mut grad[r])
-                .map_err(|source| Error::Decode { peer: c, source })?;
-        }
-        reduce.finish(grad, world);
+        let (len, ag) = (self.len, &*self.ag);
+        let chunk = |c| (chunks::range(len, world, c), ag);
+        self.ag_bytes += all_gather_chunks(t, &self.send, &mut self.gathered, grad, chunk, reduce)?;
         Ok(())
     }
 }

@@ -43,13 +43,13 @@
 use std::ops::Range;
 
 use gradwire_codec::{
-    segments, BuildContext, Codec, CodecConfig, DecodeError, Progress, TensorInfo,
+    segments, tensor_ranges, BuildContext, Codec, CodecConfig, DecodeError, Progress, TensorInfo,
 };
 use gradwire_transport::Transport;
 
-use super::state::{invalid, load_all, Reader, Writer};
-use super::{Leg, Reduce};
-use crate::{gather, Algorithm, Error, ReduceOp, Result};
+use super::state::{load_codecs, save_codecs, Tag};
+use super::{all_gather_chunks, Leg, Reduce};
+use crate::{Algorithm, Error, ReduceOp, Result};
 
 /// How the owner of a stripe counts its own slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,17 +96,12 @@ impl StripePlan {
         let shaped = ctx.tensors_for(len);
         // (range, grain, shape) of each tensor.
         let tensors: Vec<(Range<usize>, usize, Option<TensorInfo>)> = match shaped {
-            Some(ts) => {
-                let mut at = 0;
-                ts.iter()
-                    .map(|t| {
-                        let r = at..at + t.numel();
-                        at = r.end;
-                        let g = lcm(config.stripe_grain(Some(t)), t.column_len());
-                        (r, g, Some(t.clone()))
-                    })
-                    .collect()
-            }
+            Some(ts) => tensor_ranges(ts)
+                .map(|(r, t)| {
+                    let g = lcm(config.stripe_grain(Some(t)), t.column_len());
+                    (r, g, Some(t.clone()))
+                })
+                .collect(),
             None => segments(&ctx.layout, len)
                 .map(|r| (r, config.stripe_grain(None), None))
                 .collect(),
@@ -182,7 +177,11 @@ impl StripePlan {
 }
 
 /// The tag of a [`StripeAllReduce`]'s saved state.
-const TAG: &[u8; 4] = b"GWSR";
+const TAG: Tag = Tag {
+    tag: b"GWSR",
+    not_ours: "not a stripe all-reduce state",
+    other_world: "stripe all-reduce state of another world size",
+};
 
 /// The stripe-quantized all-reduce of a gradient of one length on one world, with the codec
 /// state (the residuals of both quantizations) it carries across steps.
@@ -276,12 +275,7 @@ impl StripeAllReduce {
     /// a `u64`, then each codec's state as a `u64` length and its bytes, the owner's last.
     /// Buffers and byte counters are not state.
     pub fn save_state(&self) -> Vec<u8> {
-        let mut w = Writer::new(TAG);
-        w.u64(self.world as u64);
-        for c in &self.local {
-            w.bytes(&c.save_state());
-        }
-        w.bytes(&self.owner.save_state()).finish()
+        save_codecs(&TAG, &self.local, &*self.owner)
     }
 
     /// Restores what [`StripeAllReduce::save_state`] saved on the same rank of a world of
@@ -289,18 +283,7 @@ impl StripeAllReduce {
     /// state of another all-reduce, another world size, truncated, or refused by a codec)
     /// and leaves this all-reduce as it was.
     pub fn load_state(&mut self, state: &[u8]) -> std::result::Result<(), DecodeError> {
-        let mut r = Reader::new(state, TAG, "not a stripe all-reduce state")?;
-        if r.u64()? != self.world as u64 {
-            return Err(invalid("stripe all-reduce state of another world size"));
-        }
-        let mut states = Vec::with_capacity(self.world + 1);
-        for _ in 0..=self.world {
-            states.push(r.bytes()?);
-        }
-        r.finish()?;
-        let mut codecs: Vec<&mut Box<dyn Codec>> = self.local.iter_mut().collect();
-        codecs.push(&mut self.owner);
-        load_all(&mut codecs, &states)
+        load_codecs(state, &TAG, &mut self.local, &mut self.owner)
     }
 
     /// Replaces `grad` by the quantized sum (or mean) over ranks.
@@ -375,16 +358,10 @@ impl StripeAllReduce {
                 .map_err(|source| Error::Decode { peer: q, source })?;
         }
         self.owner.encode(&self.acc, &mut self.send);
-        gather::all_gather_bytes(t, &self.send, &mut self.gathered)?;
-        self.ag_bytes += t.bytes_sent() - mid;
-        for (j, payload) in self.gathered.iter().enumerate() {
-            let r = ranges[j].clone();
-            grad[r.clone()].fill(0.0);
-            self.local[j]
-                .decode_add(payload, &mut grad[r])
-                .map_err(|source| Error::Decode { peer: j, source })?;
-        }
-        reduce.finish(grad, world);
+        let local = &self.local;
+        let stripe = |j: usize| (ranges[j].clone(), &*local[j]);
+        self.ag_bytes +=
+            all_gather_chunks(t, &self.send, &mut self.gathered, grad, stripe, reduce)?;
         Ok(())
     }
 }
@@ -393,13 +370,13 @@ impl StripeAllReduce {
 mod tests {
     use super::*;
 
-    use crate::tests::lenet_28 as lenet;
+    use crate::tests::lenet;
 
     /// Stripes cover the gradient in order, cut only at allowed places, and describe their
     /// pieces consistently.
     #[test]
     fn stripes_hold_whole_columns_and_buckets() {
-        let ctx = BuildContext::new(1, 0, 1, Vec::new()).with_tensors(lenet());
+        let ctx = BuildContext::new(1, 0, 1, Vec::new()).with_tensors(lenet(256));
         let len: usize = ctx.layout.iter().sum();
         for spec in ["onebit", "adaptive", "qsgd:bucket=512", "none", "terngrad"] {
             let cfg: CodecConfig = spec.parse().unwrap();

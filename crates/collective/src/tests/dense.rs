@@ -51,6 +51,22 @@ fn check<E: Element>(errs: &mut Vec<String>, what: &str, got: &[E], want: &[E]) 
     }
 }
 
+/// All-reduces this rank's input of `inputs` with `op` and checks it against the reference
+/// (`what` names the case).
+fn check_all_reduce<E: Element>(
+    t: &mut dyn Transport,
+    inputs: &[Vec<E>],
+    (op, algo, seg): (ReduceOp, Algorithm, usize),
+    errs: &mut Vec<String>,
+    what: &str,
+) {
+    let mut b = inputs[t.rank()].clone();
+    match crate::all_reduce(t, &mut b, op, algo, seg) {
+        Ok(()) => check(errs, what, &b, &reference::all_reduce(inputs, op)),
+        Err(e) => errs.push(format!("{what}: {e}")),
+    }
+}
+
 fn check_close(errs: &mut Vec<String>, what: &str, got: &[f64], want: &[f64], tol: f64) {
     if got.len() != want.len() || got.iter().zip(want).any(|(a, b)| (a - b).abs() > tol) {
         errs.push(format!("{what}: got {got:?}, want {want:?}"));
@@ -70,26 +86,9 @@ fn battery(t: &mut dyn Transport, len: usize, seed: u64) -> (Vec<String>, Vec<Ve
         for seg in SEGS {
             for op in OPS {
                 let tag = format!("rank {rank}/{world} len {len} {algo} seg {seg} {op}");
-                let mut b = in_f32[rank].clone();
-                match crate::all_reduce(t, &mut b, op, algo, seg) {
-                    Ok(()) => check(
-                        &mut errs,
-                        &format!("{tag} f32"),
-                        &b,
-                        &reference::all_reduce(&in_f32, op),
-                    ),
-                    Err(e) => errs.push(format!("{tag} f32: {e}")),
-                }
-                let mut b = in_i32[rank].clone();
-                match crate::all_reduce(t, &mut b, op, algo, seg) {
-                    Ok(()) => check(
-                        &mut errs,
-                        &format!("{tag} i32"),
-                        &b,
-                        &reference::all_reduce(&in_i32, op),
-                    ),
-                    Err(e) => errs.push(format!("{tag} i32: {e}")),
-                }
+                let how = (op, algo, seg);
+                check_all_reduce(t, &in_f32, how, &mut errs, &format!("{tag} f32"));
+                check_all_reduce(t, &in_i32, how, &mut errs, &format!("{tag} i32"));
             }
             let tag = format!("rank {rank}/{world} len {len} {algo} seg {seg}");
             let mut b = in_f64[rank].clone();

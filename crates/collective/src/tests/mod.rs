@@ -14,18 +14,18 @@ mod real_codecs;
 mod state;
 mod stripe;
 
-/// A world factory: builds `n` connected ranks.
-/// LeNet-5's parameters on 28x28 inputs without padding (fc1 takes 16 x 4 x 4 = 256), in
-/// burn's layouts (Linear weights `[in, out]`), the last layer's weight and bias as the output
-/// layer: the shapes the stripe tests cut columns from.
-pub(crate) fn lenet_28() -> Vec<gradwire_codec::TensorInfo> {
+/// LeNet-5's parameters in burn's layouts (Linear weights `[in, out]`), fc1 taking `fc1_in`
+/// inputs (16 x 5 x 5 = 400 on 32x32 images, 16 x 4 x 4 = 256 on 28x28 without padding), the
+/// last layer's weight and bias as the output layer: the shapes the stripe tests cut columns
+/// from, and PowerSGD's.
+pub(crate) fn lenet(fc1_in: usize) -> Vec<gradwire_codec::TensorInfo> {
     use gradwire_codec::{TensorInfo, TensorRole::*};
     vec![
         TensorInfo::new([6, 1, 5, 5], ConvWeight),
         TensorInfo::new([6], Bias),
         TensorInfo::new([16, 6, 5, 5], ConvWeight),
         TensorInfo::new([16], Bias),
-        TensorInfo::new([256, 120], LinearWeight),
+        TensorInfo::new([fc1_in, 120], LinearWeight),
         TensorInfo::new([120], Bias),
         TensorInfo::new([120, 84], LinearWeight),
         TensorInfo::new([84], Bias),
@@ -34,6 +34,34 @@ pub(crate) fn lenet_28() -> Vec<gradwire_codec::TensorInfo> {
     ]
 }
 
+/// A small model with every role: a conv layer, a linear layer of shape `linear` and an
+/// output layer of shape `output`, each with its bias.
+pub(crate) fn small_model(
+    linear: [usize; 2],
+    output: [usize; 2],
+) -> Vec<gradwire_codec::TensorInfo> {
+    use gradwire_codec::{TensorInfo, TensorRole::*};
+    vec![
+        TensorInfo::new([6, 1, 5, 5], ConvWeight),
+        TensorInfo::new([6], Bias),
+        TensorInfo::new(linear, LinearWeight),
+        TensorInfo::new([linear[1]], Bias),
+        TensorInfo::new(output, Output),
+        TensorInfo::new([output[1]], Output),
+    ]
+}
+
+/// Multiples of 0.25 in [-10, 10), a stream per `(rank, step, len)`: every sum of up to 8 of
+/// them is exact in f32, in any order.
+pub(crate) fn quarters(rank: usize, step: usize, len: usize) -> Vec<f32> {
+    use rand::{Rng, SeedableRng};
+    let mut g = rand::rngs::StdRng::seed_from_u64(((rank * 131 + step) as u64) << 20 | len as u64);
+    (0..len)
+        .map(|_| g.gen_range(-40i32..40) as f32 * 0.25)
+        .collect()
+}
+
+/// A world factory: builds `n` connected ranks.
 pub(crate) type WorldFactory = dyn Fn(usize) -> Vec<Box<dyn Transport>> + Sync;
 
 /// An in-process world of `n` ranks.

@@ -2,9 +2,9 @@
 //! later are covered too), against references built from independent codec instances.
 
 use gradwire_codec::{BuildContext, Codec, CodecConfig, SparseGrad};
-use rand::{Rng, SeedableRng};
+use gradwire_transport::Transport;
 
-use super::{local_world, run_world};
+use super::{local_world, quarters as grad, run_world};
 use crate::compressed::{GatherDecode, Leg, QuantizedAllReduce, Reduce, SparseAllReduce};
 use crate::reference;
 use crate::Error;
@@ -14,13 +14,6 @@ const LENS: [usize; 4] = [0, 1, 37, 1000];
 const STEPS: usize = 2;
 const SEED: u64 = 0x5eed;
 
-fn grad(rank: usize, step: usize, len: usize) -> Vec<f32> {
-    let mut g = rand::rngs::StdRng::seed_from_u64(((rank * 131 + step) as u64) << 20 | len as u64);
-    (0..len)
-        .map(|_| g.gen_range(-40i32..40) as f32 * 0.25)
-        .collect()
-}
-
 fn ctx(rank: usize, world: usize, salt: u64) -> BuildContext {
     BuildContext {
         seed: SEED ^ salt,
@@ -29,6 +22,47 @@ fn ctx(rank: usize, world: usize, salt: u64) -> BuildContext {
         layout: Vec::new(),
         ..Default::default()
     }
+}
+
+/// Runs `STEPS` all-reduces of `grad(rank, step, len)` on a local world of `world` ranks,
+/// each rank with the all-reduce `build(rank)` returns (kept across the steps), and checks
+/// that every rank's results are bit for bit `want`'s.
+fn check_steps<A>(
+    cfg: &CodecConfig,
+    (world, len): (usize, usize),
+    want: &[Vec<f32>],
+    build: impl Fn(usize) -> A + Sync,
+    step: impl Fn(&mut A, &mut dyn Transport, &mut [f32]) -> Result<(), Error> + Sync,
+) {
+    let got = run_world(local_world(world), |t| {
+        let mut a = build(t.rank());
+        (0..STEPS)
+            .map(|s| {
+                let mut b = grad(t.rank(), s, len);
+                step(&mut a, t, &mut b).map(|()| b)
+            })
+            .collect::<Result<Vec<_>, Error>>()
+    });
+    // NaN-safe: the bits of every value.
+    let bits = |steps: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        steps
+            .iter()
+            .map(|v| v.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    for (r, g) in got.into_iter().enumerate() {
+        let g = g.unwrap_or_else(|e| panic!("{cfg} world {world} len {len}: {e}"));
+        assert_eq!(
+            bits(&g),
+            bits(want),
+            "{cfg} world {world} len {len} rank {r}"
+        );
+    }
+}
+
+/// Every rank's codec of `cfg` on a world of `world` ranks.
+fn codecs(cfg: &CodecConfig, world: usize) -> Vec<Box<dyn Codec>> {
+    (0..world).map(|r| cfg.build(&ctx(r, world, 0))).collect()
 }
 
 fn needs_scalar(cfg: &CodecConfig) -> bool {
@@ -44,55 +78,18 @@ fn gather_decode_every_codec() {
     for cfg in CodecConfig::examples() {
         for world in WORLDS {
             for len in LENS {
-                let mut codecs: Vec<Box<dyn Codec>> =
-                    (0..world).map(|r| cfg.build(&ctx(r, world, 0))).collect();
+                let mut codecs = codecs(&cfg, world);
                 let mut want = Vec::new();
                 for step in 0..STEPS {
                     let grads: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
-                    let shared = codecs
-                        .iter_mut()
-                        .zip(&grads)
-                        .filter_map(|(c, g)| c.shared_scalars().map(|s| s.local_scalars(g)))
-                        .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
-                    let mut acc = vec![0.0f32; len];
-                    let mut payloads = Vec::new();
-                    for r in 0..world {
-                        if let (Some(s), Some(c)) = (&shared, codecs[r].shared_scalars()) {
-                            c.set_shared_scalars(s);
-                        }
-                        let mut p = Vec::new();
-                        codecs[r].encode(&grads[r], &mut p);
-                        payloads.push(p);
-                    }
-                    for p in &payloads {
-                        codecs[0].decode_add(p, &mut acc).unwrap();
-                    }
+                    let mut acc = reference::gather_decode(&mut codecs, &grads);
                     Reduce::Mean.finish(&mut acc, world);
                     want.push(acc);
                 }
-                let got = run_world(local_world(world), |t| {
-                    let mut codec = cfg.build(&ctx(t.rank(), world, 0));
-                    let mut g = GatherDecode::new();
-                    (0..STEPS)
-                        .map(|step| {
-                            let mut b = grad(t.rank(), step, len);
-                            g.all_reduce(t, &mut *codec, &mut b, Reduce::Mean)
-                                .map(|()| b)
-                        })
-                        .collect::<Result<Vec<_>, Error>>()
-                        .map_err(|e| e.to_string())
+                let build = |r| (cfg.build(&ctx(r, world, 0)), GatherDecode::new());
+                check_steps(&cfg, (world, len), &want, build, |(codec, g), t, b| {
+                    g.all_reduce(t, &mut **codec, b, Reduce::Mean)
                 });
-                for (r, g) in got.into_iter().enumerate() {
-                    let g = g.unwrap_or_else(|e| panic!("{cfg} world {world} len {len}: {e}"));
-                    for (a, b) in g.iter().zip(&want) {
-                        // Bit-identical (NaN-safe comparison of bits).
-                        let (a, b): (Vec<u32>, Vec<u32>) = (
-                            a.iter().map(|x| x.to_bits()).collect(),
-                            b.iter().map(|x| x.to_bits()).collect(),
-                        );
-                        assert_eq!(a, b, "{cfg} world {world} len {len} rank {r}");
-                    }
-                }
             }
         }
     }
@@ -143,34 +140,11 @@ fn quantized_every_codec() {
                     let out = reference::quantized_ring(&mut rs, &mut ag, bufs);
                     want.push(out);
                 }
-                let got = run_world(local_world(world), |t| {
-                    let mut q = QuantizedAllReduce::new(
-                        len,
-                        t.rank(),
-                        world,
-                        quantized_factory(&cfg, t.rank(), world),
-                    );
-                    (0..STEPS)
-                        .map(|step| {
-                            let mut b = grad(t.rank(), step, len);
-                            q.all_reduce(t, &mut b, Reduce::Sum).map(|()| b)
-                        })
-                        .collect::<Result<Vec<_>, Error>>()
-                        .map_err(|e| e.to_string())
+                let build =
+                    |r| QuantizedAllReduce::new(len, r, world, quantized_factory(&cfg, r, world));
+                check_steps(&cfg, (world, len), &want, build, |q, t, b| {
+                    q.all_reduce(t, b, Reduce::Sum)
                 });
-                for (r, g) in got.into_iter().enumerate() {
-                    let g = g.unwrap_or_else(|e| panic!("{cfg} world {world} len {len}: {e}"));
-                    let bits = |v: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
-                        v.iter()
-                            .map(|x| x.iter().map(|y| y.to_bits()).collect())
-                            .collect()
-                    };
-                    assert_eq!(
-                        bits(&g),
-                        bits(&want),
-                        "{cfg} world {world} len {len} rank {r}"
-                    );
-                }
             }
         }
     }
@@ -183,37 +157,16 @@ fn sparse_every_sparsifying_codec() {
         tested.push(cfg.clone());
         for world in WORLDS {
             for len in LENS {
-                let mut codecs: Vec<Box<dyn Codec>> =
-                    (0..world).map(|r| cfg.build(&ctx(r, world, 0))).collect();
+                let mut codecs = codecs(&cfg, world);
                 let mut want = Vec::new();
                 for step in 0..STEPS {
-                    let mut acc = vec![0.0f32; len];
-                    let mut s = SparseGrad::default();
-                    for (r, c) in codecs.iter_mut().enumerate() {
-                        let c = c.sparse_encode().expect("a sparsifier");
-                        c.encode_sparse(&grad(r, step, len), &mut s);
-                        for (&i, &v) in s.indices.iter().zip(&s.values) {
-                            acc[i as usize] += v;
-                        }
-                    }
-                    want.push(acc);
+                    let grads: Vec<Vec<f32>> = (0..world).map(|r| grad(r, step, len)).collect();
+                    want.push(reference::sparse_sum(&mut codecs, &grads));
                 }
-                let got = run_world(local_world(world), |t| {
-                    let mut codec = cfg.build(&ctx(t.rank(), world, 0));
-                    let mut sa = SparseAllReduce::new();
-                    (0..STEPS)
-                        .map(|step| {
-                            let mut b = grad(t.rank(), step, len);
-                            sa.all_reduce(t, &mut *codec, &mut b, Reduce::Sum)
-                                .map(|()| b)
-                        })
-                        .collect::<Result<Vec<_>, Error>>()
-                        .map_err(|e| e.to_string())
+                let build = |r| (cfg.build(&ctx(r, world, 0)), SparseAllReduce::new());
+                check_steps(&cfg, (world, len), &want, build, |(codec, sa), t, b| {
+                    sa.all_reduce(t, &mut **codec, b, Reduce::Sum)
                 });
-                for (r, g) in got.into_iter().enumerate() {
-                    let g = g.unwrap_or_else(|e| panic!("{cfg} world {world} len {len}: {e}"));
-                    assert_eq!(g, want, "{cfg} world {world} len {len} rank {r}");
-                }
             }
         }
     }

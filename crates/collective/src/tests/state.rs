@@ -3,11 +3,11 @@
 //! bytes gives the uninterrupted run's bits, step for step; resuming without the state gives
 //! other bits (so the comparison can fail); bad states are refused and change nothing.
 
-use gradwire_codec::{BuildContext, CodecConfig, DecodeError, TensorInfo, TensorRole};
+use gradwire_codec::{BuildContext, CodecConfig, DecodeError, TensorInfo};
 use gradwire_transport::Transport;
 use rand::{Rng, SeedableRng};
 
-use super::{local_world, run_world};
+use super::{local_world, run_world, small_model};
 use crate::compressed::{Leg, PowerSgdAllReduce, QuantizedAllReduce, Reduce, StripeAllReduce};
 
 const STEPS: usize = 6;
@@ -20,20 +20,11 @@ fn grad(rank: usize, step: usize, len: usize) -> Vec<f32> {
     (0..len).map(|_| g.gen_range(-1.0f32..1.0)).collect()
 }
 
-/// A small model with every role (matrices for the columns and PowerSGD's low rank).
-fn model() -> Vec<TensorInfo> {
-    use TensorRole::*;
-    vec![
-        TensorInfo::new([6, 1, 5, 5], ConvWeight),
-        TensorInfo::new([6], Bias),
-        TensorInfo::new([30, 12], LinearWeight),
-        TensorInfo::new([12], Bias),
-        TensorInfo::new([12, 10], Output),
-    ]
-}
-
 fn len() -> usize {
-    model().iter().map(TensorInfo::numel).sum()
+    small_model([30, 12], [12, 10])
+        .iter()
+        .map(TensorInfo::numel)
+        .sum()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,7 +44,8 @@ enum AllReduce {
 impl AllReduce {
     fn new(kind: Kind, cfg: &CodecConfig, rank: usize, world: usize) -> AllReduce {
         let n = len();
-        let ctx = BuildContext::new(SEED, rank, world, Vec::new()).with_tensors(model());
+        let ctx = BuildContext::new(SEED, rank, world, Vec::new())
+            .with_tensors(small_model([30, 12], [12, 10]));
         match kind {
             Kind::Quantized => {
                 AllReduce::Quantized(QuantizedAllReduce::new(n, rank, world, |leg, chunk| {

@@ -5,7 +5,9 @@
 use gradwire_codec::{BuildContext, Codec, CodecConfig, TensorInfo, TensorRole};
 use rand::{Rng, SeedableRng};
 
-use super::{for_each_transport, local_world, run_world, WorldFactory};
+use super::{
+    for_each_transport, local_world, quarters as grad, run_world, small_model, WorldFactory,
+};
 use crate::compressed::{
     GatherDecode, Leg, OwnContribution, QuantizedAllReduce, Reduce, StripeAllReduce, StripePlan,
 };
@@ -13,30 +15,9 @@ use crate::{chunks, Collectives, Error, ReduceOp};
 
 const STEPS: usize = 2;
 
-/// Multiples of 0.25 in [-10, 10): every sum of up to 8 of them is exact in f32, in any order.
-fn grad(rank: usize, step: usize, len: usize) -> Vec<f32> {
-    let mut g = rand::rngs::StdRng::seed_from_u64(((rank * 131 + step) as u64) << 20 | len as u64);
-    (0..len)
-        .map(|_| g.gen_range(-40i32..40) as f32 * 0.25)
-        .collect()
-}
-
-/// A small model with every role: conv, bias, linear, output.
-fn small_model() -> Vec<TensorInfo> {
-    use TensorRole::*;
-    vec![
-        TensorInfo::new([6, 1, 5, 5], ConvWeight),
-        TensorInfo::new([6], Bias),
-        TensorInfo::new([30, 12], LinearWeight),
-        TensorInfo::new([12], Bias),
-        TensorInfo::new([12, 10], Output),
-        TensorInfo::new([10], Output),
-    ]
-}
-
 /// The gradients the tests run: shaped (the small model) or not (plain lengths).
 fn shapes() -> Vec<(usize, Vec<TensorInfo>)> {
-    let m = small_model();
+    let m = small_model([30, 12], [12, 10]);
     let n = m.iter().map(TensorInfo::numel).sum();
     vec![
         (0, vec![]),
@@ -231,7 +212,7 @@ for_each_transport!(stripe_lossless, lossless_equals_dense);
 #[test]
 fn stripe_bytes_vs_gather_and_ring() {
     let world = 4;
-    let lenet = super::lenet_28();
+    let lenet = super::lenet(256);
     let mlp = vec![
         TensorInfo::new([1024, 1024], TensorRole::LinearWeight),
         TensorInfo::new([1024], TensorRole::Bias),
@@ -376,15 +357,7 @@ fn piece_columns(pieces: &[TensorInfo]) -> Vec<std::ops::Range<usize>> {
 /// The layers of the two-stage oracle tests: columns of 6 to 200 elements, biases and an
 /// output layer.
 fn two_stage_tensors() -> Vec<TensorInfo> {
-    use TensorRole::*;
-    vec![
-        TensorInfo::new([6, 1, 5, 5], ConvWeight),
-        TensorInfo::new([6], Bias),
-        TensorInfo::new([40, 200], LinearWeight),
-        TensorInfo::new([200], Bias),
-        TensorInfo::new([30, 10], Output),
-        TensorInfo::new([10], Output),
-    ]
+    small_model([40, 200], [30, 10])
 }
 
 /// Every rank's results of `steps` stripe all-reduces (sums) of `grad(rank, step)`, one
