@@ -141,6 +141,34 @@ pub enum CalibrationError {
 }
 
 impl Calibration {
+    /// A fixed, hand-written calibration (four ranks sharing the two cores of a 2-core
+    /// machine, as measured there once), for tests and examples whose choices must not
+    /// depend on the machine they run on.
+    pub fn two_core_example() -> Calibration {
+        let t = |spec: &str, e, d| CodecTiming {
+            spec: spec.into(),
+            encode_s_per_elem: e,
+            decode_s_per_elem: d,
+        };
+        Calibration {
+            format: FORMAT,
+            codecs: vec![
+                t("fp16", 6.4e-9, 1.9e-8),
+                t("qsgd:bits=4", 7.2e-9, 3.45e-9),
+                t("terngrad", 2.1e-8, 6.8e-9),
+                t("onebit", 7.0e-9, 3.65e-9),
+                t("topk:ratio=0.01", 1.26e-8, 5.1e-10),
+            ],
+            loopback_alpha_s: 4.4e-6,
+            software_beta_s: 1.0e-9,
+            gamma_s: 1.0e-9,
+            host: "example".into(),
+            gradwire_version: "0.0.0".into(),
+            git_revision: None,
+            date: "2026-12-06T00:00:00Z".into(),
+        }
+    }
+
     /// The timing of the codec `spec`, compared as written (callers pass canonical specs).
     pub fn codec(&self, spec: &str) -> Option<&CodecTiming> {
         self.codecs.iter().find(|c| c.spec == spec)

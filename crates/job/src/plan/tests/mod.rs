@@ -61,32 +61,9 @@ fn file(toml_text: &str) -> TrainFile {
     toml::from_str(toml_text).unwrap()
 }
 
-/// A fixed, hand-written calibration: four ranks sharing two cores, as measured once on a
-/// 2-core machine, so that `--codec auto`'s choices here do not depend on the machine.
+/// A fixed calibration, so that `--codec auto`'s choices here do not depend on the machine.
 fn fixed() -> Calibration {
-    use gradwire_sim::auto::{CodecTiming, FORMAT};
-    let t = |spec: &str, e, d| CodecTiming {
-        spec: spec.into(),
-        encode_s_per_elem: e,
-        decode_s_per_elem: d,
-    };
-    Calibration {
-        format: FORMAT,
-        codecs: vec![
-            t("fp16", 6.4e-9, 1.9e-8),
-            t("qsgd:bits=4", 7.2e-9, 3.45e-9),
-            t("terngrad", 2.1e-8, 6.8e-9),
-            t("onebit", 7.0e-9, 3.65e-9),
-            t("topk:ratio=0.01", 1.26e-8, 5.1e-10),
-        ],
-        loopback_alpha_s: 4.4e-6,
-        software_beta_s: 1.0e-9,
-        gamma_s: 1.0e-9,
-        host: "test".into(),
-        gradwire_version: "0.0.0".into(),
-        git_revision: None,
-        date: "2026-12-06T00:00:00Z".into(),
-    }
+    Calibration::two_core_example()
 }
 
 #[test]
