@@ -30,7 +30,7 @@ pub fn run(args: &CheckArgs) -> Result<()> {
     let mut transport = args.transport.resolve().to_string();
     let mut hier = None;
     if args.transport.resolve() == TransportKind::Tcp {
-        hier = crate::hier::detect(&mut *t)?;
+        hier = gradwire_engine::HostGroups::connect_from_env(&mut *t)?;
         if let Some(h) = &hier {
             transport = format!("tcp+shm, {}", h.describe());
         }

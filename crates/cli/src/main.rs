@@ -5,27 +5,13 @@
 //! collectives and codecs.
 
 mod bench;
-mod bench_allreduce;
-mod bench_codecs;
-mod bench_engine;
-mod bench_ps;
 mod calibrate;
 mod check;
-mod hier;
 mod launch;
-mod launch_elastic;
-mod plot;
-mod plot_timeline;
 mod ps;
-mod records;
 mod report;
 mod simulate;
-mod simulate_host;
-mod size;
 mod train;
-mod train_elastic;
-mod train_ps;
-mod train_sandblaster;
 
 use std::io::Write;
 

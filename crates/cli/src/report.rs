@@ -222,7 +222,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     md.push_str(&timeline_section(&runs, &dirs, &args.out));
     let md_path = args.out.join("report.md");
     std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-    if let Err(e) = crate::plot::plot_comparison(&runs, &args.out.join(COMPARISON_PNG)) {
+    if let Err(e) = gradwire_job::plot::plot_comparison(&runs, &args.out.join(COMPARISON_PNG)) {
         eprintln!("gradwire report: warning: comparison chart not drawn ({e:#})");
     }
     if !args.links.is_empty() {
@@ -252,7 +252,11 @@ fn time_to_accuracy_chart(
     else {
         bail!("no baseline run and no --target, so no target to time");
     };
-    crate::plot::plot_time_to_accuracy(series, &target.label(), &out.join(TIME_TO_ACCURACY_PNG))
+    Ok(gradwire_job::plot::plot_time_to_accuracy(
+        series,
+        &target.label(),
+        &out.join(TIME_TO_ACCURACY_PNG),
+    )?)
 }
 
 /// Where a run's merged timeline is, in its directory (`--timeline`).
@@ -269,7 +273,7 @@ fn timeline_section(runs: &[RunRecord], dirs: &[PathBuf], out_dir: &Path) -> Str
         }
         let png = json.with_extension("png");
         if !png.is_file() {
-            if let Err(e) = crate::plot_timeline::plot_step(&json, &png) {
+            if let Err(e) = gradwire_job::plot::plot_step(&json, &png) {
                 eprintln!(
                     "gradwire report: warning: timeline of {} not drawn ({e:#})",
                     dir.display()

@@ -21,7 +21,7 @@ pub struct SimulateArgs {
     #[arg(long, value_delimiter = ',', default_value = "8,64,1024")]
     pub workers: Vec<usize>,
     /// Link spec (`10gbit`, `1gbit,50us`, see `gradwire train --help`); repeat for several.
-    #[arg(long, value_parser = crate::bench_allreduce::link_arg, default_value = "10gbit")]
+    #[arg(long, value_parser = crate::bench::allreduce::link_arg, default_value = "10gbit")]
     pub link: Vec<String>,
     /// Codec specs, separated by `;` or `,` (as `bench codecs --codecs`); `none` is dense.
     #[arg(long, default_value = "dgc:ratio=0.001")]

@@ -35,7 +35,7 @@
 //!
 //! `--host-cores N` models the P workers sharing N cores of one host (validation on this
 //! machine): per worker count and codec, a whole training step of P ranks is measured here
-//! without a link ([`crate::simulate_host::lockstep_step`], each rank
+//! without a link ([`crate::simulate::host::lockstep_step`], each rank
 //! [`rank_steps`](gradwire_train::measure::rank_steps): every rank its own model copy and
 //! threads, the engine with the codec, TCP on 127.0.0.1), and the prediction adds the link's
 //! communication to it (`gradwire_sim::predict`'s module doc). With a `--compute-ms` that
@@ -59,6 +59,7 @@
 //! (both absent without it).
 
 mod args;
+pub mod host;
 mod model_parallel;
 mod report;
 mod table;
@@ -93,7 +94,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
     if args.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let codecs: Vec<(String, CodecConfig)> = crate::bench_codecs::split_specs(&args.codec)
+    let codecs: Vec<(String, CodecConfig)> = crate::bench::codecs::split_specs(&args.codec)
         .into_iter()
         .map(|s| {
             let c = s.parse().with_context(|| format!("codec {s:?}"))?;
@@ -118,7 +119,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             .try_into()
             .map_err(|_| anyhow::anyhow!("--host-worker takes one codec"))?;
         let batch = synthetic_batch(args.batch, shape, args.seed);
-        return crate::simulate_host::host_worker(args, codec, data, &batch);
+        return crate::simulate::host::host_worker(args, codec, data, &batch);
     }
     let mut model = args
         .model
@@ -222,7 +223,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             let dense = (!codecs.iter().any(|(s, _)| s == DENSE)).then_some(DENSE);
             let specs = codecs.iter().map(|(s, _)| s.as_str()).chain(dense);
             for spec in specs {
-                let h = crate::simulate_host::lockstep_step(args, spec, workers, cores)?;
+                let h = crate::simulate::host::lockstep_step(args, spec, workers, cores)?;
                 eprintln!(
                     "measured: {workers} ranks of {spec} stepping at once on this host without \
                      a link, {threads} thread(s) each: {:.1} ms per step, compute {:.1} ms \
@@ -283,7 +284,7 @@ pub fn run(args: &SimulateArgs) -> Result<()> {
             engine_factors,
             host_steps,
         },
-        provenance: crate::records::Provenance::current(),
+        provenance: gradwire_run::report::records::Provenance::current(),
         model_parallel,
         model_parallel_inputs,
     };

@@ -13,7 +13,7 @@ pub struct SimReport {
     /// What the predictions used.
     pub inputs: Inputs,
     /// The version, revision and command that made the report.
-    pub provenance: crate::records::Provenance,
+    pub provenance: gradwire_run::report::records::Provenance,
     /// With `--model-parallel`: one entry per (params, split, link, K).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_parallel: Option<Vec<MpRow>>,

@@ -7,8 +7,11 @@
 //! `compression_ratio`); at the end it writes `run.json` and the plots into `--out`.
 
 mod args;
+pub mod elastic;
 mod output;
+pub mod ps;
 mod rank;
+pub mod sandblaster;
 
 use anyhow::{bail, Context, Result};
 use gradwire_transport::local::Local;
@@ -26,7 +29,7 @@ pub(crate) use rank::Shown;
 /// Runs `gradwire train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     if let Some(dir) = &args.elastic.join {
-        return crate::train_elastic::join(dir);
+        return crate::train::elastic::join(dir);
     }
     let launched = gradwire_run::join::detect()?;
     let plan = args.plan(Host::detect(launched.as_ref()))?;
@@ -38,7 +41,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .context("joining the elastic coordinator")?;
         if let Some(m) = member {
             let threads = args.run.threads.is_some();
-            return crate::train_elastic::run_member(&plan, elastic, m, args.quiet, threads);
+            return crate::train::elastic::run_member(&plan, elastic, m, args.quiet, threads);
         }
         if args.worker {
             bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
@@ -54,10 +57,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 args.transport.name()
             );
         }
-        return crate::train_elastic::run_parent(&plan, elastic);
+        return crate::train::elastic::run_parent(&plan, elastic);
     }
     if plan.ps.is_some() {
-        return crate::train_ps::run(args, &plan, launched.as_ref());
+        return crate::train::ps::run(args, &plan, launched.as_ref());
     }
     if let Some(l) = &launched {
         let t = gradwire_run::join::join_with(args.transport, l)?;

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::records::RunRecord;
+use gradwire_run::report::records::RunRecord;
 
 pub use gradwire_job::rank::record;
 

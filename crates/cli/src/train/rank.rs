@@ -10,7 +10,7 @@ use gradwire_transport::Transport;
 use indicatif::ProgressBar;
 
 use super::output::progress_bar;
-use crate::plot::human_bytes;
+use gradwire_job::plot::human_bytes;
 
 /// Trains on one rank ([`gradwire_job::rank::train_rank`]), showing the reporting rank's
 /// progress unless `quiet`.

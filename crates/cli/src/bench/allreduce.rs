@@ -15,9 +15,9 @@ use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{emit, on_threads, write_json, Ranks};
-use crate::hier::Hier;
+use gradwire_engine::HostGroups as Hier;
 use crate::launch::run_ranks_for_json;
-use crate::size::{format_size, parse_size};
+use gradwire_collective::bench::{format_size, parse_size};
 pub use gradwire_run::join::TransportKind;
 
 /// Which collective to time (`--op`).
@@ -93,7 +93,7 @@ pub struct Report {
     pub results: Vec<SizeResult>,
     /// The version, revision and command that made the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provenance: Option<crate::records::Provenance>,
+    pub provenance: Option<gradwire_run::report::records::Provenance>,
     /// The hosts when the all-reduce ran hierarchically (`2 hosts (2+2 ranks)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hierarchy: Option<String>,
@@ -134,12 +134,12 @@ pub fn run(args: &AllreduceBenchArgs) -> Result<()> {
 }
 
 /// The hierarchical all-reduce when the ranks' hosts call for it (TCP jobs only; see
-/// [`crate::hier`]).
+/// [`gradwire_engine::HostGroups::connect_from_env`]).
 fn hierarchy(t: &mut dyn Transport, kind: TransportKind) -> Result<Option<Hier>> {
     if kind != TransportKind::Tcp {
         return Ok(None);
     }
-    crate::hier::detect(t)
+    Ok(Hier::connect_from_env(t)?)
 }
 
 /// `--link`, else GRADWIRE_LINK.
@@ -172,7 +172,7 @@ fn run_processes(args: &AllreduceBenchArgs, kind: TransportKind) -> Result<Repor
     child_args.extend(args.iters.map(|i| format!("--iters={i}")));
     let mut report: Report = run_ranks_for_json(args.np, child_args)?;
     // The command that made the report is this one, not the workers'.
-    report.provenance = Some(crate::records::Provenance::current());
+    report.provenance = Some(gradwire_run::report::records::Provenance::current());
     Ok(report)
 }
 
@@ -224,7 +224,7 @@ fn measure(
         np: t.world_size(),
         algo: args.algo.to_string(),
         results: bench::measure(t, h, &spec)?,
-        provenance: Some(crate::records::Provenance::current()),
+        provenance: Some(gradwire_run::report::records::Provenance::current()),
         hierarchy: hier.as_ref().map(Hier::describe),
     })
 }

@@ -30,7 +30,7 @@
 //!   `backups_issued` and `backups_won`.
 //!
 //! `--optimizer`, `--lr`, `--batch`, `--max-steps`, `--codec` and the Downpour flags do not
-//! apply and are refused by name (`train_ps::plan`).
+//! apply and are refused by name (`gradwire_job::ps`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,11 +41,11 @@ use gradwire_ps::Key;
 use gradwire_train::sandblaster::ModelObjective;
 use gradwire_train::{evaluate, Eval};
 
-use crate::plot::human_bytes;
+use gradwire_job::plot::human_bytes;
 use crate::ps::ShardOptions;
-use crate::records::EpochRecord;
+use gradwire_run::report::records::EpochRecord;
 use crate::train::Plan;
-use crate::train_ps::{PsPlan, SbPlan};
+use crate::train::ps::{PsPlan, SbPlan};
 
 /// Work units per worker per pass when `--sb-unit` is not given.
 const UNITS_PER_WORKER: usize = 16;
@@ -180,7 +180,7 @@ pub fn run(plan: &Plan, ps: &PsPlan, sb: &SbPlan, quiet: bool) -> Result<()> {
         return Err(e);
     }
     if let Some(p) = &plan.save_params {
-        crate::train_ps::save_params(p, &report.params)?;
+        crate::train::ps::save_params(p, &report.params)?;
     }
     crate::train::write_run(&run, &plan.out)?;
     let path = plan.out.join("run.json");

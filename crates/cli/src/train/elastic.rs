@@ -45,9 +45,9 @@ use gradwire_train::{EngineSync, GradientSync, StepInfo, Trainer};
 use gradwire_transport::tcp::{Tcp, TcpConfig};
 
 use crate::launch::RankSpec;
-use crate::launch_elastic::{membership_json, transport_timeout, ElasticJob};
-use crate::plot::human_bytes;
-use crate::records::append_jsonl;
+use crate::launch::elastic::{membership_json, transport_timeout, ElasticJob};
+use gradwire_job::plot::human_bytes;
+use gradwire_run::report::records::append_jsonl;
 use crate::train::{progress_bar, record, write_run, Plan};
 
 /// Re-forms in a row without a training step after which a worker gives up.
@@ -87,7 +87,7 @@ pub fn run_parent(plan: &Plan, elastic: &Elastic) -> Result<()> {
         args,
     };
     let join = join_file(&plan.out);
-    crate::launch_elastic::run(&ElasticJob {
+    crate::launch::elastic::run(&ElasticJob {
         spec: &spec,
         min: elastic.range.min,
         max: elastic.range.max,
@@ -100,7 +100,7 @@ pub fn run_parent(plan: &Plan, elastic: &Elastic) -> Result<()> {
 /// `gradwire train --join DIR`: becomes one more worker of the elastic run whose `--out` is
 /// DIR (replaces this process with the workers' command line).
 pub fn join(dir: &Path) -> Result<()> {
-    crate::launch_elastic::join(&join_file(dir))
+    crate::launch::elastic::join(&join_file(dir))
         .with_context(|| format!("--join {}", dir.display()))
 }
 
@@ -198,7 +198,7 @@ pub fn run_member(
     };
     // The longest a world may take to form: survivors awaited, then joiners awaited.
     let wait =
-        3 * (transport_timeout() + crate::launch_elastic::EVICT_MARGIN) + Duration::from_secs(120);
+        3 * (transport_timeout() + crate::launch::elastic::EVICT_MARGIN) + Duration::from_secs(120);
     // Re-forms in a row without a step taken: a failure the peers did not cause (one that
     // recurs in every world) ends the worker instead of looping.
     let mut idle_reforms = 0;
@@ -406,7 +406,7 @@ fn generation(
     trainer.sync_mut().average_metrics(&mut [0.0])?;
     if reporting {
         if let Some(p) = &plan.save_params {
-            crate::train_ps::save_params(p, trainer.params())?;
+            crate::train::ps::save_params(p, trainer.params())?;
         }
         run.epochs = gradwire_job::checkpoint::finished_epochs(&plan.out, u64::MAX)?
             .into_iter()

@@ -4,6 +4,8 @@
 //! output, the signals passed on, [`GRACE`], the shared-memory cleanup) is
 //! [`gradwire_run::launch`], re-exported here for the other commands that launch ranks.
 
+pub mod elastic;
+
 use std::net::SocketAddr;
 
 use anyhow::Result;
@@ -40,7 +42,7 @@ pub struct LaunchArgs {
     /// `gradwire launch --join FILE` adds one. For `gradwire train` and the Python package's
     /// `gw.elastic.run`.
     #[arg(long, value_name = "MIN:MAX")]
-    elastic: Option<crate::train_elastic::ElasticRange>,
+    elastic: Option<crate::train::elastic::ElasticRange>,
     /// With --elastic: write how to join the job to FILE (mode 0600: it holds the job's
     /// token), removed when the job ends.
     #[arg(long, value_name = "FILE", requires = "elastic")]
@@ -57,7 +59,7 @@ pub struct LaunchArgs {
 /// Runs the launcher; returns the exit code for the process.
 pub fn run(args: &LaunchArgs) -> Result<i32> {
     if let Some(file) = &args.join {
-        crate::launch_elastic::join(file)?;
+        crate::launch::elastic::join(file)?;
         return Ok(0);
     }
     let np = args.np.map_or(1, |n| n as usize);
@@ -72,7 +74,7 @@ pub fn run(args: &LaunchArgs) -> Result<i32> {
             program: args.command[0].clone(),
             args: args.command[1..].to_vec(),
         };
-        crate::launch_elastic::run(&crate::launch_elastic::ElasticJob {
+        crate::launch::elastic::run(&crate::launch::elastic::ElasticJob {
             spec: &spec,
             min: range.min,
             max: range.max,

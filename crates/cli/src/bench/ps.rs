@@ -53,7 +53,7 @@ pub struct Report {
     pub results: Vec<SizeResult>,
     /// The version, revision and command that made the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provenance: Option<crate::records::Provenance>,
+    pub provenance: Option<gradwire_run::report::records::Provenance>,
 }
 
 /// Runs the benchmark (as the parent, or as one worker with `--worker`).
@@ -86,7 +86,7 @@ pub fn run(args: &PsBenchArgs) -> Result<()> {
         ],
     )?;
     drop(shards);
-    report.provenance = Some(crate::records::Provenance::current());
+    report.provenance = Some(gradwire_run::report::records::Provenance::current());
     println!("size       floats  allreduce ms  push_pull ms   ratio   push ms   pull ms  apply ms  ps B/worker    ar B/rank");
     for r in &report.results {
         println!(

@@ -24,7 +24,7 @@
 //!   j of every replica pushes and pulls its own tensors as table j on its own `--servers`
 //!   shards (`gradwire_job::model_parallel`).
 //! - `sandblaster`: DistBelief's batch L-BFGS on the same models and data
-//!   (`crate::train_sandblaster`): a coordinator, `--workers` worker threads and the shards;
+//!   (`crate::train::sandblaster`): a coordinator, `--workers` worker threads and the shards;
 //!   one epoch is `--sb-iters` accepted L-BFGS steps.
 //!
 //! `--codec C` compresses every worker's push of the parameter table with gradwire codec `C`

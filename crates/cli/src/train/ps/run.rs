@@ -35,7 +35,7 @@ pub fn run(
         bail!("--worker is internal: it needs the environment `gradwire train` sets for its ranks");
     }
     if let Some(sb) = &ps.sb {
-        return crate::train_sandblaster::run(plan, ps, sb, args.quiet);
+        return crate::train::sandblaster::run(plan, ps, sb, args.quiet);
     }
     let mut shards = None;
     // Under model parallelism every partition's table gets its own `--servers` shards, each

@@ -14,7 +14,7 @@ use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{emit, on_threads, write_json, Ranks};
-use crate::bench_allreduce::TransportKind;
+use crate::bench::allreduce::TransportKind;
 use crate::launch::run_ranks_for_json;
 
 /// Arguments of `gradwire bench engine`.
@@ -52,7 +52,7 @@ pub struct Report {
     pub reps: usize,
     /// The version, revision and command that made the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provenance: Option<crate::records::Provenance>,
+    pub provenance: Option<gradwire_run::report::records::Provenance>,
 }
 
 /// Every case on one rank ([`gradwire_engine::bench::run_cases`]); rank 0's results are
@@ -83,7 +83,7 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
         }
         Ranks::Processes(kind) => {
             let mut r = run_processes(args, kind)?;
-            r.provenance = Some(crate::records::Provenance::current());
+            r.provenance = Some(gradwire_run::report::records::Provenance::current());
             r
         }
     };
@@ -96,7 +96,7 @@ fn report(np: usize, results: Vec<CaseSummary>, args: &EngineBenchArgs) -> Repor
         results,
         transport: args.transport.resolve(),
         reps: args.reps,
-        provenance: Some(crate::records::Provenance::current()),
+        provenance: Some(gradwire_run::report::records::Provenance::current()),
     }
 }
 

@@ -83,7 +83,7 @@ pub fn run(args: &CodecBenchArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.json {
         let json = serde_json::json!({
-            "provenance": crate::records::Provenance::current(),
+            "provenance": gradwire_run::report::records::Provenance::current(),
             "memcpy_gbps": memcpy,
             "results": results.iter().map(|r| serde_json::json!({
                 "codec": r.codec,
