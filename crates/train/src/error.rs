@@ -117,6 +117,43 @@ pub enum Error {
     Ps(#[from] gradwire_ps::Error),
 }
 
+impl Error {
+    /// Reading the data file `path` failed: [`Error::MissingData`] when it does not exist,
+    /// else [`Error::Io`].
+    pub fn reading_data(path: &std::path::Path, e: std::io::Error) -> Error {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => Error::MissingData {
+                path: path.to_path_buf(),
+            },
+            _ => Error::Io {
+                path: path.to_path_buf(),
+                source: e,
+            },
+        }
+    }
+
+    /// The mapping of an I/O error on `path` to [`Error::Io`] (for `map_err`).
+    pub fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// `Ok` when `got == expected`, else [`Error::LengthMismatch`] naming `what`.
+    pub fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+        if got == expected {
+            Ok(())
+        } else {
+            Err(Error::LengthMismatch {
+                what,
+                expected,
+                got,
+            })
+        }
+    }
+}
+
 impl From<OptimizerError> for Error {
     fn from(e: OptimizerError) -> Error {
         Error::Config(e.into())

@@ -130,20 +130,9 @@ pub fn finished_run(dir: &Path, epochs: usize) -> Option<RunRecord> {
 }
 
 /// Splits a comma-separated codec list in which specs may carry their own `key=value`
-/// parameters: a piece with `=` but no `:` continues the spec before it.
-pub fn split_codecs(list: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for piece in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match out.last_mut() {
-            Some(prev) if piece.contains('=') && !piece.contains(':') => {
-                prev.push(',');
-                prev.push_str(piece);
-            }
-            _ => out.push(piece.to_string()),
-        }
-    }
-    out
-}
+/// parameters: a piece with `=` but no `:` continues the spec before it
+/// ([`gradwire_codec::bench::split_specs`]).
+pub use gradwire_codec::bench::split_specs as split_codecs;
 
 /// A codec spec as a directory name: characters other than ASCII letters, digits, `.` and
 /// `-` become `_`.

@@ -39,21 +39,10 @@ pub const KNOWN: [(&str, f64); 6] = [
     ("topk:ratio=0.01", 0.080),
 ];
 
-/// Splits a comma-separated list of codec specs; a `key=value` piece without a `:` belongs to
-/// the spec before it (`qsgd:bits=2,bucket=128,none` is two specs).
-pub fn split_specs(list: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for piece in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match out.last_mut() {
-            Some(prev) if piece.contains('=') && !piece.contains(':') => {
-                prev.push(',');
-                prev.push_str(piece);
-            }
-            _ => out.push(piece.to_string()),
-        }
-    }
-    out
-}
+/// Splits a list of codec specs ([`gradwire_engine::codec::bench::split_specs`]: a `key=value`
+/// piece without a `:` belongs to the spec before it, so `qsgd:bits=2,bucket=128,none` is two
+/// specs).
+pub use gradwire_engine::codec::bench::split_specs;
 
 /// The canonical form of a spec (`CodecConfig`'s display), or `None` if it does not parse.
 fn canonical(spec: &str) -> Option<String> {

@@ -32,13 +32,6 @@ pub fn marker_file(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step}.complete"))
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename,
 /// fsync of the folder.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -47,20 +40,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .map_or("file".into(), |n| n.to_string_lossy());
     let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
+    let mut f = File::create(&tmp).map_err(Error::io(&tmp))?;
+    f.write_all(bytes).map_err(Error::io(&tmp))?;
+    f.sync_all().map_err(Error::io(&tmp))?;
     drop(f);
-    fs::rename(&tmp, path).map_err(io(path))?;
+    fs::rename(&tmp, path).map_err(Error::io(path))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
+        .map_err(Error::io(dir))?;
     Ok(())
 }
 
 /// Writes rank `rank`'s checkpoint of step `step` into `dir` (created if absent); its path.
 pub fn write_rank(dir: &Path, step: u64, rank: usize, ckpt: &Checkpoint) -> Result<PathBuf> {
-    fs::create_dir_all(dir).map_err(io(dir))?;
+    fs::create_dir_all(dir).map_err(Error::io(dir))?;
     let path = rank_file(dir, step, rank);
     write_atomic(&path, &ckpt.to_bytes())?;
     Ok(path)
@@ -83,11 +76,11 @@ pub fn complete_steps(dir: &Path) -> Result<Vec<u64>> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io(dir)(e)),
+        Err(e) => return Err(Error::io(dir)(e)),
     };
     let mut steps = Vec::new();
     for e in entries {
-        let name = e.map_err(io(dir))?.file_name();
+        let name = e.map_err(Error::io(dir))?.file_name();
         let name = name.to_string_lossy();
         if name.ends_with(".complete") && !name.starts_with('.') {
             if let Some(s) = step_of(&name) {
@@ -103,7 +96,7 @@ pub fn complete_steps(dir: &Path) -> Result<Vec<u64>> {
 /// file is an error naming it.
 pub fn read_rank(dir: &Path, step: u64, rank: usize) -> Result<Checkpoint> {
     let path = rank_file(dir, step, rank);
-    let bytes = fs::read(&path).map_err(io(&path))?;
+    let bytes = fs::read(&path).map_err(Error::io(&path))?;
     Checkpoint::from_bytes(&bytes).map_err(|source| Error::Checkpoint { path, source })
 }
 
@@ -114,14 +107,14 @@ pub fn prune(dir: &Path) -> Result<()> {
     let Some(&cutoff) = complete.iter().rev().nth(KEEP - 1) else {
         return Ok(());
     };
-    for e in fs::read_dir(dir).map_err(io(dir))? {
-        let e = e.map_err(io(dir))?;
+    for e in fs::read_dir(dir).map_err(Error::io(dir))? {
+        let e = e.map_err(Error::io(dir))?;
         let name = e.file_name();
         if step_of(&name.to_string_lossy()).is_some_and(|s| s < cutoff) {
             match fs::remove_file(e.path()) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => return Err(io(&e.path())(err)),
+                Err(err) => return Err(Error::io(&e.path())(err)),
             }
         }
     }

@@ -46,10 +46,7 @@ pub fn read_cifar(path: &Path) -> Result<ImageSet> {
         std::io::ErrorKind::NotFound => Error::MissingCifar {
             path: path.to_path_buf(),
         },
-        _ => Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        },
+        _ => Error::io(path)(e),
     })?;
     parse_cifar(&bytes, path)
 }

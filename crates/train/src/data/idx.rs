@@ -34,23 +34,12 @@ fn malformed(path: &Path, what: impl Into<String>) -> Error {
 
 /// Reads an IDX file, gunzipping it when it starts with the gzip magic.
 pub fn read_idx(path: &Path) -> Result<Idx> {
-    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::MissingData {
-            path: path.to_path_buf(),
-        },
-        _ => Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        },
-    })?;
+    let file = std::fs::File::open(path).map_err(|e| Error::reading_data(path, e))?;
     let mut reader = std::io::BufReader::new(file);
     let mut magic = [0u8; 2];
     let peeked = {
         use std::io::BufRead;
-        let buf = reader.fill_buf().map_err(|e| Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let buf = reader.fill_buf().map_err(Error::io(path))?;
         let n = buf.len().min(2);
         magic[..n].copy_from_slice(&buf[..n]);
         n
@@ -64,10 +53,6 @@ pub fn read_idx(path: &Path) -> Result<Idx> {
 
 /// Parses an IDX stream (already decompressed); `path` only names the source in errors.
 pub fn parse_idx<R: Read>(mut reader: R, path: &Path) -> Result<Idx> {
-    let io = |e: std::io::Error| Error::Io {
-        path: path.to_path_buf(),
-        source: e,
-    };
     let mut head = [0u8; 4];
     read_exact_or(
         &mut reader,
@@ -127,7 +112,7 @@ pub fn parse_idx<R: Read>(mut reader: R, path: &Path) -> Result<Idx> {
     reader
         .take(expected as u64 + 1)
         .read_to_end(&mut data)
-        .map_err(io)?;
+        .map_err(Error::io(path))?;
     if data.len() != expected {
         let got = if data.len() > expected {
             "more".to_string()
@@ -145,10 +130,7 @@ pub fn parse_idx<R: Read>(mut reader: R, path: &Path) -> Result<Idx> {
 fn read_exact_or<R: Read>(r: &mut R, buf: &mut [u8], path: &Path, what: &str) -> Result<()> {
     r.read_exact(buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => malformed(path, what),
-        _ => Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        },
+        _ => Error::io(path)(e),
     })
 }
 

@@ -57,13 +57,7 @@ pub fn load_mnist_json(dir: &Path) -> Result<(ImageSet, ImageSet)> {
     let (mut tr_px, mut tr_lab, mut te_px, mut te_lab) = (vec![], vec![], vec![], vec![]);
     for digit in 0..10u8 {
         let path = dir.join(format!("{digit}.json"));
-        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::MissingData { path: path.clone() },
-            _ => Error::Io {
-                path: path.clone(),
-                source: e,
-            },
-        })?;
+        let bytes = std::fs::read(&path).map_err(|e| Error::reading_data(&path, e))?;
         let px = parse_digit_json(&bytes, &path)?;
         for (i, img) in px.chunks_exact(PIXELS).enumerate() {
             if i % 10 == 9 {

@@ -152,15 +152,7 @@ impl TextCorpus {
 
     /// Reads a UTF-8 text file and splits it as [`TextCorpus::from_text`] does.
     pub fn load(path: &Path, val_fraction: f64, seq_len: usize) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::MissingData {
-                path: path.to_path_buf(),
-            },
-            _ => Error::Io {
-                path: path.to_path_buf(),
-                source: e,
-            },
-        })?;
+        let bytes = std::fs::read(path).map_err(|e| Error::reading_data(path, e))?;
         let text = String::from_utf8(bytes).map_err(|e| Error::Malformed {
             format: "UTF-8 text",
             path: path.to_path_buf(),

@@ -124,13 +124,7 @@ impl Optimizer {
     /// learning rate used.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32]) -> Result<f64> {
         for (what, got) in [("parameters", params.len()), ("gradients", grads.len())] {
-            if got != self.len {
-                return Err(Error::LengthMismatch {
-                    what,
-                    expected: self.len,
-                    got,
-                });
-            }
+            Error::check_len(what, self.len, got)?;
         }
         let lr = self.current_lr();
         let scale = match self.config.clip_norm {

@@ -131,13 +131,7 @@ impl EngineSync {
     /// caller's first wait runs the round); the handles wait in `in_flight`.
     fn submit(&mut self, grads: &[f32], flush: bool) -> Result<()> {
         let total: usize = self.ranges.last().map_or(0, |r| r.end);
-        if grads.len() != total {
-            return Err(Error::LengthMismatch {
-                what: "gradients",
-                expected: total,
-                got: grads.len(),
-            });
-        }
+        Error::check_len("gradients", total, grads.len())?;
         let engine = self.engine.as_ref().expect("engine present until shutdown");
         engine.set_progress(self.step, self.step as f32 / self.steps_per_epoch as f32);
         self.step += 1;
@@ -168,13 +162,7 @@ impl EngineSync {
         t0: Instant,
     ) -> Result<SyncStats> {
         let total: usize = self.ranges.last().map_or(0, |r| r.end);
-        if out.len() != total {
-            return Err(Error::LengthMismatch {
-                what: "gradients",
-                expected: total,
-                got: out.len(),
-            });
-        }
+        Error::check_len("gradients", total, out.len())?;
         let (handles, wire_before) = self.in_flight.take().expect("checked by the callers");
         let mut in_callbacks = Duration::ZERO;
         for (i, h) in handles {
@@ -242,13 +230,7 @@ impl GradientSync for EngineSync {
         let mine: Vec<f32> = values.iter().map(|&v| v as f32).collect();
         let all = self.engine().all_gather(METRICS, mine).wait()?;
         let n = values.len();
-        if all.len() != n * self.world {
-            return Err(Error::LengthMismatch {
-                what: "gathered metrics",
-                expected: n * self.world,
-                got: all.len(),
-            });
-        }
+        Error::check_len("gathered metrics", n * self.world, all.len())?;
         for (i, v) in values.iter_mut().enumerate() {
             *v = (0..self.world)
                 .map(|r| f64::from(all[r * n + i]))

@@ -302,13 +302,7 @@ impl GradientSync for PsSync {
 
     /// Initializes the parameter table (first init wins) and pulls it.
     fn broadcast_params(&mut self, params: &mut [f32]) -> Result<()> {
-        if params.len() != self.len {
-            return Err(Error::LengthMismatch {
-                what: "parameters",
-                expected: self.len,
-                got: params.len(),
-            });
-        }
+        Error::check_len("parameters", self.len, params.len())?;
         let (spec, key) = (self.table(), self.cfg.params_key());
         self.kv().init(key, spec, params)?;
         self.kv().pull(key, params)?;
@@ -358,13 +352,7 @@ impl GradientSync for PsSync {
 impl ServerSync for PsSync {
     fn server_step(&mut self, grads: &[f32], params: &mut [f32]) -> Result<SyncStats> {
         for (what, got) in [("gradients", grads.len()), ("parameters", params.len())] {
-            if got != self.len {
-                return Err(Error::LengthMismatch {
-                    what,
-                    expected: self.len,
-                    got,
-                });
-            }
+            Error::check_len(what, self.len, got)?;
         }
         let t0 = Instant::now();
         let key = self.cfg.params_key();

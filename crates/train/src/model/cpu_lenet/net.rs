@@ -94,13 +94,7 @@ impl CpuLeNet {
             .into());
         }
         let want = b.labels.len() * g.c0 * g.h0 * g.w0;
-        if b.pixels.len() != want {
-            return Err(Error::LengthMismatch {
-                what: "LeNet input pixels",
-                expected: want,
-                got: b.pixels.len(),
-            });
-        }
+        Error::check_len("LeNet input pixels", want, b.pixels.len())?;
         if let Some(&l) = b.labels.iter().find(|&&l| usize::from(l) >= g.classes) {
             return Err(ModelError::Label {
                 label: l,

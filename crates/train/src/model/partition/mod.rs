@@ -351,13 +351,7 @@ fn check_images(
         .into());
     }
     let want = b.labels.len() * inputs;
-    if b.pixels.len() != want {
-        return Err(Error::LengthMismatch {
-            what: "input pixels",
-            expected: want,
-            got: b.pixels.len(),
-        });
-    }
+    Error::check_len("input pixels", want, b.pixels.len())?;
     if let Some(&l) = b.labels.iter().find(|&&l| usize::from(l) >= classes) {
         return Err(ModelError::Label { label: l, classes }.into());
     }

@@ -184,13 +184,7 @@ impl Pipeline {
         for op in &ops {
             offs.push(offs[offs.len() - 1] + op.weight_len() + op.bias_len());
         }
-        if offs[ops.len()] != params {
-            return Err(Error::LengthMismatch {
-                what: "pipeline partition parameters",
-                expected: offs[ops.len()],
-                got: params,
-            });
-        }
+        Error::check_len("pipeline partition parameters", offs[ops.len()], params)?;
         Ok(Pipeline {
             index: p,
             parts: k,

@@ -202,13 +202,7 @@ impl PartitionPlan {
     pub fn slice(&self, index: usize, whole: &[f32]) -> Result<Vec<f32>> {
         let off = self.offsets();
         let total = off[off.len() - 1];
-        if whole.len() != total {
-            return Err(Error::LengthMismatch {
-                what: "whole model parameters",
-                expected: total,
-                got: whole.len(),
-            });
-        }
+        Error::check_len("whole model parameters", total, whole.len())?;
         let part = self.parts.get(index).ok_or_else(|| {
             Error::from(PartitionError::PlanIndex {
                 index,
@@ -232,25 +226,13 @@ impl PartitionPlan {
     /// partition's, `parts[i]` being partition `i`'s. Every whole element must be held
     /// exactly once.
     pub fn assemble(&self, parts: &[Vec<f32>]) -> Result<Vec<f32>> {
-        if parts.len() != self.parts.len() {
-            return Err(Error::LengthMismatch {
-                what: "partitions",
-                expected: self.parts.len(),
-                got: parts.len(),
-            });
-        }
+        Error::check_len("partitions", self.parts.len(), parts.len())?;
         let off = self.offsets();
         let total = off[off.len() - 1];
         let mut whole = vec![0.0f32; total];
         let mut seen = vec![false; total];
         for (part, flat) in self.parts.iter().zip(parts) {
-            if flat.len() != part.elements {
-                return Err(Error::LengthMismatch {
-                    what: "partition parameters",
-                    expected: part.elements,
-                    got: flat.len(),
-                });
-            }
+            Error::check_len("partition parameters", part.elements, flat.len())?;
             let mut at = 0;
             for h in &part.tensors {
                 let cols = self.tensors[h.tensor].matrix().1;

@@ -233,13 +233,7 @@ impl TensorMlp {
                 },
             });
         }
-        if at != params {
-            return Err(Error::LengthMismatch {
-                what: "tensor-split partition parameters",
-                expected: at,
-                got: params,
-            });
-        }
+        Error::check_len("tensor-split partition parameters", at, params)?;
         Ok(TensorMlp {
             classes: arch.classes,
             inputs: arch.inputs(),
