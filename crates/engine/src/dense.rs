@@ -35,7 +35,7 @@
 use std::ops::Range;
 
 use gradwire_collective::hierarchical::Group;
-use gradwire_collective::{chunks, Algorithm, Result};
+use gradwire_collective::{chunks, Algorithm, Element, ReduceOp, Result};
 use gradwire_transport::Transport;
 
 /// `out[k] = (((parts[0][k] + parts[1][k]) + ...) + parts[P-1][k]) / P` for the `P` ranks'
@@ -221,6 +221,36 @@ impl HostLinks {
     /// Bytes sent over the local transport.
     pub(crate) fn bytes_sent(&self) -> u64 {
         self.local.as_ref().map_or(0, |l| l.bytes_sent())
+    }
+
+    /// All-reduces `buf` with [`gradwire_collective::hierarchical::all_reduce`]: within the
+    /// host over `local`, between the leaders over the job's transport `world`, back within
+    /// the host. A rank alone on its host takes only the leaders' step (its local link is a
+    /// world of one).
+    pub(crate) fn all_reduce<E: Element>(
+        &mut self,
+        world: &mut dyn Transport,
+        buf: &mut [E],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let mut cross = Group::new(world, self.leaders.clone());
+        let mut solo;
+        let local: &mut dyn Transport = match self.local.as_deref_mut() {
+            Some(l) => l,
+            None => {
+                solo = gradwire_transport::local::Local::world(1);
+                &mut solo[0]
+            }
+        };
+        gradwire_collective::hierarchical::all_reduce(
+            local,
+            cross.as_mut(),
+            &self.local_ranks,
+            &self.leaders,
+            self.world,
+            buf,
+            op,
+        )
     }
 }
 

@@ -18,7 +18,7 @@
 //! The choice is logged at info.
 
 use gradwire_collective::bench::HierarchicalAllReduce;
-use gradwire_collective::hierarchical::{self, exchange_layout, Group, Layout};
+use gradwire_collective::hierarchical::{exchange_layout, Layout};
 use gradwire_collective::{Element, ReduceOp};
 use gradwire_transport::Transport;
 
@@ -314,32 +314,7 @@ impl HostGroups {
         buf: &mut [E],
         op: ReduceOp,
     ) -> gradwire_collective::Result<()> {
-        let h = &mut self.links;
-        let mut cross = Group::new(world, h.leaders.clone());
-        match h.local.as_deref_mut() {
-            Some(local) => hierarchical::all_reduce(
-                local,
-                cross.as_mut(),
-                &h.local_ranks,
-                &h.leaders,
-                h.world,
-                buf,
-                op,
-            ),
-            None => {
-                // Alone on the host: only the leaders' step.
-                let mut solo = gradwire_transport::local::Local::world(1);
-                hierarchical::all_reduce(
-                    &mut solo[0],
-                    cross.as_mut(),
-                    &h.local_ranks,
-                    &h.leaders,
-                    h.world,
-                    buf,
-                    op,
-                )
-            }
-        }
+        self.links.all_reduce(world, buf, op)
     }
 
     /// `2 hosts (2+2 ranks)`.

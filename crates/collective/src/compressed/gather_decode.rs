@@ -3,8 +3,8 @@
 use gradwire_codec::Codec;
 use gradwire_transport::Transport;
 
-use super::Reduce;
-use crate::{gather, Algorithm, Error, ReduceOp, Result};
+use super::{decode_add_each, Reduce};
+use crate::{gather, Algorithm, ReduceOp, Result};
 
 /// Encode, all-gather every rank's payload, `decode_add` each into the output.
 ///
@@ -42,11 +42,7 @@ impl GatherDecode {
         codec.encode(grad, &mut self.payload);
         gather::all_gather_bytes(t, &self.payload, &mut self.gathered)?;
         grad.fill(0.0);
-        for (peer, p) in self.gathered.iter().enumerate() {
-            codec
-                .decode_add(p, grad)
-                .map_err(|source| Error::Decode { peer, source })?;
-        }
+        decode_add_each(codec, self.gathered.iter().map(Vec::as_slice), grad)?;
         reduce.finish(grad, t.world_size());
         Ok(())
     }

@@ -51,14 +51,20 @@ pub(crate) fn check_built_for<T: gradwire_transport::Transport + ?Sized>(
     grad_len: usize,
     name: &'static str,
 ) -> crate::Result<()> {
+    check_len(len, grad_len)?;
+    if t.rank() != rank || t.world_size() != world {
+        return Err(crate::Error::Codec { what: name });
+    }
+    Ok(())
+}
+
+/// Refuses a gradient of `grad_len` elements where an all-reduce was built for `len`.
+pub(crate) fn check_len(len: usize, grad_len: usize) -> crate::Result<()> {
     if grad_len != len {
         return Err(crate::Error::BadOutputLength {
             expected: len,
             got: grad_len,
         });
-    }
-    if t.rank() != rank || t.world_size() != world {
-        return Err(crate::Error::Codec { what: name });
     }
     Ok(())
 }
@@ -88,6 +94,23 @@ pub(crate) fn all_gather_chunks<'c, T: gradwire_transport::Transport + ?Sized>(
     }
     reduce.finish(grad, t.world_size());
     Ok(sent)
+}
+
+/// Adds the decoding of every rank's payload to `out` with `codec`, in rank order
+/// (`payloads` yields rank 0's first) so that every rank ends with the same bits. A payload
+/// that does not decode gives [`Error::Decode`](crate::Error::Decode) naming its rank; the
+/// payloads before it have been added.
+pub fn decode_add_each<'p>(
+    codec: &dyn gradwire_codec::Codec,
+    payloads: impl IntoIterator<Item = &'p [u8]>,
+    out: &mut [f32],
+) -> crate::Result<()> {
+    for (peer, p) in payloads.into_iter().enumerate() {
+        codec
+            .decode_add(p, out)
+            .map_err(|source| crate::Error::Decode { peer, source })?;
+    }
+    Ok(())
 }
 
 /// How a compressed all-reduce combines the ranks' gradients.

@@ -59,7 +59,7 @@ use gradwire_codec::{
 use gradwire_transport::Transport;
 
 use super::Reduce;
-use crate::{Algorithm, Error, ReduceOp, Result};
+use crate::{Algorithm, ReduceOp, Result};
 
 /// One tensor's role in the exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -340,12 +340,7 @@ impl PowerSgdAllReduce {
         grad: &mut [f32],
         reduce: Reduce,
     ) -> Result<()> {
-        if grad.len() != self.len {
-            return Err(Error::BadOutputLength {
-                expected: self.len,
-                got: grad.len(),
-            });
-        }
+        super::check_len(self.len, grad.len())?;
         let (r, world) = (self.cfg.rank, t.world_size());
         let seg = crate::select::segment_bytes();
         let before = t.bytes_sent();

@@ -2,7 +2,7 @@
 //! buffers, and leaves each tensor's result in its buffer.
 
 use gradwire_codec::{Codec, SparseGrad};
-use gradwire_collective::compressed::{Reduce, SparseAllReduce};
+use gradwire_collective::compressed::{decode_add_each, Reduce, SparseAllReduce};
 use gradwire_collective::{Algorithm, CollectiveConfig, ReduceOp};
 use gradwire_transport::Transport;
 
@@ -161,27 +161,7 @@ impl Exec {
                     crate::dense::hierarchical_mean(t, h, buf, seg, &mut self.scratch)?
                 }
                 // The collective crate's hierarchical all-reduce (ring within the host).
-                DenseAlgorithm::Collective => {
-                    let mut cross =
-                        gradwire_collective::hierarchical::Group::new(&mut *t, h.leaders.clone());
-                    let mut solo;
-                    let local: &mut dyn Transport = match h.local.as_deref_mut() {
-                        Some(l) => l,
-                        None => {
-                            solo = gradwire_transport::local::Local::world(1);
-                            &mut solo[0]
-                        }
-                    };
-                    gradwire_collective::hierarchical::all_reduce(
-                        local,
-                        cross.as_mut(),
-                        &h.local_ranks,
-                        &h.leaders,
-                        h.world,
-                        buf,
-                        ReduceOp::Mean,
-                    )?
-                }
+                DenseAlgorithm::Collective => h.all_reduce(t, buf, ReduceOp::Mean)?,
             }
             return Ok(());
         }
@@ -297,11 +277,7 @@ impl Exec {
         for (i, it) in items.iter_mut().enumerate() {
             let codec = it.state.codec.as_ref().expect("gather codec");
             it.data.fill(0.0);
-            for (peer, p) in parts.iter().enumerate() {
-                codec
-                    .decode_add(p[i], it.data)
-                    .map_err(|source| gradwire_collective::Error::Decode { peer, source })?;
-            }
+            decode_add_each(&**codec, parts.iter().map(|p| p[i]), it.data)?;
             mean(it.data, world);
         }
         clock.mark(Phase::Decode);
@@ -407,11 +383,10 @@ impl Exec {
         clock.mark(Phase::Wire);
         if res.is_ok() {
             let codec = items[0].state.codec.as_ref().expect("the unit's codec");
-            for (peer, p) in self.gathered.iter().enumerate() {
-                if let Err(source) = codec.decode_add(p, &mut cat) {
-                    self.scratch = cat;
-                    return Err(gradwire_collective::Error::Decode { peer, source }.into());
-                }
+            let payloads = self.gathered.iter().map(Vec::as_slice);
+            if let Err(e) = decode_add_each(&**codec, payloads, &mut cat) {
+                self.scratch = cat;
+                return Err(e.into());
             }
             clock.mark(Phase::Decode);
         }
