@@ -15,9 +15,9 @@ use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{emit, on_threads, write_json, Ranks};
-use gradwire_engine::HostGroups as Hier;
 use crate::launch::run_ranks_for_json;
 use gradwire_collective::bench::{format_size, parse_size};
+use gradwire_engine::HostGroups as Hier;
 pub use gradwire_run::join::TransportKind;
 
 /// Which collective to time (`--op`).

@@ -13,8 +13,8 @@ use gradwire_transport::local::Local;
 use gradwire_transport::Transport;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{emit, on_threads, write_json, Ranks};
 use crate::bench::allreduce::TransportKind;
+use crate::bench::{emit, on_threads, write_json, Ranks};
 use crate::launch::run_ranks_for_json;
 
 /// Arguments of `gradwire bench engine`.

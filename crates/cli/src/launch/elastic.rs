@@ -5,12 +5,7 @@
 use anyhow::{bail, Result};
 use gradwire_run::elastic::MembershipEvent;
 
-// The elastic launcher's whole surface under the path `train --elastic` uses.
-#[allow(unused_imports)]
-pub use gradwire_run::launch::elastic::{
-    describe_event, join, membership_json, transport_timeout, ElasticEnd, ElasticJob, JoinFile,
-    EVICT_MARGIN,
-};
+pub use gradwire_run::launch::elastic::{describe_event, join, ElasticJob};
 
 /// Runs an elastic job to its end ([`gradwire_run::launch::elastic::run`]), then prints its
 /// membership events, one line each (`{who}: membership: ...`). The events, or the reason

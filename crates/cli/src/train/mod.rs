@@ -19,10 +19,9 @@ use gradwire_transport::local::Local;
 use crate::launch::{describe, spawn_quiet, RankSpec};
 
 pub use args::TrainArgs;
-pub use gradwire_job::rank::engine_config;
 pub use gradwire_job::{Host, Plan};
+pub(crate) use output::progress_bar;
 pub use output::write_run;
-pub(crate) use output::{progress_bar, record};
 use rank::run_linked;
 pub(crate) use rank::Shown;
 
@@ -87,17 +86,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
         return r0;
     }
-    // One process per worker, this binary again with --worker.
-    let exe = std::env::current_exe().context("locating the gradwire binary")?;
-    let mut child_args: Vec<String> = std::env::args().skip(1).collect();
-    child_args.push("--worker".into());
-    let spec = RankSpec {
-        np: plan.workers,
-        master: None,
-        timeout: None,
-        program: exe.display().to_string(),
-        args: child_args,
-    };
+    let spec = worker_spec(plan.workers, Vec::new())?;
     let outcome = spawn_quiet(&spec)?.wait()?;
     if let Some((rank, status)) = outcome.failure {
         bail!(
@@ -106,4 +95,20 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One process per worker, `np` of them: this binary again with this process's arguments,
+/// `--worker`, and `extra`.
+pub(crate) fn worker_spec(np: usize, extra: Vec<String>) -> Result<RankSpec> {
+    let exe = std::env::current_exe().context("locating the gradwire binary")?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--worker".into());
+    args.extend(extra);
+    Ok(RankSpec {
+        np,
+        master: None,
+        timeout: None,
+        program: exe.display().to_string(),
+        args,
+    })
 }

@@ -1,5 +1,4 @@
-//! What a run leaves behind and shows: its epoch records, `run.json` and the plots, the
-//! progress bar.
+//! What a run leaves behind and shows: `run.json` and the plots, the progress bar.
 
 use std::path::Path;
 
@@ -7,8 +6,6 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use gradwire_run::report::records::RunRecord;
-
-pub use gradwire_job::rank::record;
 
 /// Writes `run.json` and the plots of a finished run ([`gradwire_job::rank::write_run`]),
 /// a plot that cannot be drawn noted on standard error.

@@ -41,11 +41,11 @@ use gradwire_ps::Key;
 use gradwire_train::sandblaster::ModelObjective;
 use gradwire_train::{evaluate, Eval};
 
-use gradwire_job::plot::human_bytes;
 use crate::ps::ShardOptions;
-use gradwire_run::report::records::EpochRecord;
-use crate::train::Plan;
 use crate::train::ps::{PsPlan, SbPlan};
+use crate::train::Plan;
+use gradwire_job::plot::human_bytes;
+use gradwire_run::report::records::EpochRecord;
 
 /// Work units per worker per pass when `--sb-unit` is not given.
 const UNITS_PER_WORKER: usize = 16;

@@ -2,7 +2,8 @@
 //! the emulated link and split into groups under model parallelism ([`train_rank`]), the
 //! engine it starts ([`engine_config`]), its epochs, on-disk checkpoints and timeline and,
 //! on the reporting rank, the run's records (`metrics.jsonl`, `--json`, `run.json`, plots)
-//! and its news to the front end ([`Progress`]).
+//! and its news to the front end ([`Progress`]); one worker of an elastic run
+//! ([`elastic`]).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,7 @@ use crate::checkpoint;
 use crate::model_parallel::RankGroups;
 use crate::Plan;
 
+pub mod elastic;
 mod engine;
 mod epochs;
 mod error;

@@ -41,3 +41,16 @@ impl Progress for Silent {
     fn step(&mut self, _: usize, _: f32, _: f64, _: Option<u64>) {}
     fn epoch_finished(&mut self, _: &EpochNews<'_>, _: usize) {}
 }
+
+/// A [`Progress`] that passes its notes to a function and shows nothing else: for the
+/// library's writers that note (`write_run`) under a front end of another kind.
+pub(crate) struct Notes<F: FnMut(&str)>(pub(crate) F);
+
+impl<F: FnMut(&str)> Progress for Notes<F> {
+    fn note(&mut self, line: &str) {
+        (self.0)(line);
+    }
+    fn epoch_started(&mut self, _: usize, _: usize, _: usize) {}
+    fn step(&mut self, _: usize, _: f32, _: f64, _: Option<u64>) {}
+    fn epoch_finished(&mut self, _: &EpochNews<'_>, _: usize) {}
+}

@@ -9,9 +9,9 @@ use gradwire_job::rank::{merge_worker_reports, ps_partition, ps_worker, worker_f
 use gradwire_ps::{Consistency, DeadPolicy};
 
 use super::PsMode;
-use crate::launch::{describe, spawn_quiet, RankSpec};
+use crate::launch::{describe, spawn_quiet};
 use crate::ps::{ShardOptions, Shards};
-use crate::train::{Plan, Shown, TrainArgs};
+use crate::train::{worker_spec, Plan, Shown, TrainArgs};
 
 pub use gradwire_job::rank::save_params;
 
@@ -61,24 +61,12 @@ pub fn run(
     for r in 0..plan.workers {
         let _ = std::fs::remove_file(worker_file(&plan.out, r));
     }
-    let exe = std::env::current_exe().context("locating the gradwire binary")?;
-    let mut child_args: Vec<String> = std::env::args().skip(1).collect();
-    child_args.push("--worker".into());
-    child_args.push(format!(
-        "--ps-servers={}",
-        addrs
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    ));
-    let spec = RankSpec {
-        np: plan.workers,
-        master: None,
-        timeout: None,
-        program: exe.display().to_string(),
-        args: child_args,
-    };
+    let servers = addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let spec = worker_spec(plan.workers, vec![format!("--ps-servers={servers}")])?;
     let statuses = spawn_quiet(&spec)?.wait_all()?;
     let restarts = shards.as_ref().map_or_else(Vec::new, Shards::restarts);
     drop(shards);
