@@ -178,6 +178,15 @@ fn scatter_exact(from: usize, buf: &[u8], out: &mut [&mut [u8]]) -> Result<()> {
     Ok(())
 }
 
+/// `rank` as a rank of a world of `world_size` ranks, or [`Error::InvalidRank`] when it is
+/// not one (every rank is, for a world of none).
+pub(crate) fn check_rank(rank: usize, world_size: usize) -> Result<()> {
+    if rank >= world_size {
+        return Err(Error::InvalidRank { rank, world_size });
+    }
+    Ok(())
+}
+
 /// Copies a received message into an exact-size buffer, or reports the mismatch.
 fn copy_exact(from: usize, buf: &[u8], out: &mut [u8]) -> Result<()> {
     if buf.len() != out.len() {

@@ -82,13 +82,7 @@ impl Local {
     }
 
     fn check(&self, peer: usize) -> Result<()> {
-        if peer >= self.world_size {
-            return Err(Error::InvalidRank {
-                rank: peer,
-                world_size: self.world_size,
-            });
-        }
-        Ok(())
+        crate::check_rank(peer, self.world_size)
     }
 
     fn take_message(&mut self, from: usize) -> Result<Vec<u8>> {

@@ -351,12 +351,7 @@ fn refuse_no_token(cfg: &TcpConfig) -> Result<()> {
 
 /// Checks a config before the rendezvous; an empty token (allowed) is one warning line.
 fn check_cfg(cfg: &TcpConfig) -> Result<()> {
-    if cfg.world_size == 0 || cfg.rank >= cfg.world_size {
-        return Err(Error::InvalidRank {
-            rank: cfg.rank,
-            world_size: cfg.world_size,
-        });
-    }
+    crate::check_rank(cfg.rank, cfg.world_size)?;
     if cfg.world_size > u32::MAX as usize {
         return Err(rendezvous("world size too large".into()));
     }

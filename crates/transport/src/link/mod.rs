@@ -212,13 +212,7 @@ impl<T: Transport, C: Clock> Throttled<T, C> {
     }
 
     fn check(&self, peer: usize) -> Result<()> {
-        if peer >= self.peers.len() {
-            return Err(Error::InvalidRank {
-                rank: peer,
-                world_size: self.peers.len(),
-            });
-        }
-        Ok(())
+        crate::check_rank(peer, self.peers.len())
     }
 
     /// Books the link to `to` for `len` bytes: returns (end of the slot, arrival time).
@@ -319,39 +313,25 @@ impl<T: Transport, C: Clock> Transport for Throttled<T, C> {
     }
 
     fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> Result<()> {
-        self.check(from)?;
-        if from == self.rank() {
-            return self.inner.recv(from, buf);
-        }
-        let stamp = self.recv_stamp(from)?;
-        self.inner.recv(from, buf)?;
-        self.finish_recv(from, stamp, buf.len())
+        self.throttled_recv(from, |t| t.recv(from, buf).map(|()| buf.len()))
     }
 
     fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
-        self.check(from)?;
-        if from == self.rank() {
-            return self.inner.recv_into(from, out);
-        }
-        let stamp = self.recv_stamp(from)?;
-        self.inner.recv_into(from, out)?;
-        self.finish_recv(from, stamp, out.len())
+        let len = out.len();
+        self.throttled_recv(from, |t| t.recv_into(from, out).map(|()| len))
     }
 
     fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()> {
-        let end = self.exchange_stamps(to, msg.len(), from)?;
-        self.inner.send_recv(to, msg, from, buf)?;
-        self.finish_exchange(end, to, from, buf.len())?;
-        self.bytes_sent += msg.len() as u64;
-        Ok(())
+        self.throttled_exchange(to, msg.len(), from, |t| {
+            t.send_recv(to, msg, from, buf).map(|()| buf.len())
+        })
     }
 
     fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        let end = self.exchange_stamps(to, msg.len(), from)?;
-        self.inner.send_recv_into(to, msg, from, out)?;
-        self.finish_exchange(end, to, from, out.len())?;
-        self.bytes_sent += msg.len() as u64;
-        Ok(())
+        let len = out.len();
+        self.throttled_exchange(to, msg.len(), from, |t| {
+            t.send_recv_into(to, msg, from, out).map(|()| len)
+        })
     }
 
     fn timeout(&self) -> Duration {
@@ -398,6 +378,40 @@ impl<T: Transport, C: Clock> Throttled<T, C> {
             send_end: booked.map(|(e, _)| e),
             recv_stamp,
         })
+    }
+
+    /// A receive from `from` through the link: `recv` receives the message on the inner
+    /// transport and returns its length, after its arrival stamp and before the wait for its
+    /// arrival (a message to ourselves is not delayed).
+    fn throttled_recv(
+        &mut self,
+        from: usize,
+        recv: impl FnOnce(&mut T) -> Result<usize>,
+    ) -> Result<()> {
+        self.check(from)?;
+        if from == self.rank() {
+            return recv(&mut self.inner).map(drop);
+        }
+        let stamp = self.recv_stamp(from)?;
+        let len = recv(&mut self.inner)?;
+        self.finish_recv(from, stamp, len)
+    }
+
+    /// A duplex step of `sent` bytes to `to` and a message from `from` through the link:
+    /// `step` moves both on the inner transport and returns the received length, between
+    /// the swap of arrival stamps and the wait for the later side.
+    fn throttled_exchange(
+        &mut self,
+        to: usize,
+        sent: usize,
+        from: usize,
+        step: impl FnOnce(&mut T) -> Result<usize>,
+    ) -> Result<()> {
+        let end = self.exchange_stamps(to, sent, from)?;
+        let len = step(&mut self.inner)?;
+        self.finish_exchange(end, to, from, len)?;
+        self.bytes_sent += sent as u64;
+        Ok(())
     }
 
     fn finish_exchange(&mut self, p: Pending, to: usize, from: usize, len: usize) -> Result<()> {

@@ -19,12 +19,7 @@ pub(super) struct Stranded {
 
 impl Mpi {
     fn check(&self, peer: usize, len: usize) -> Result<()> {
-        if peer >= self.world_size {
-            return Err(Error::InvalidRank {
-                rank: peer,
-                world_size: self.world_size,
-            });
-        }
+        crate::check_rank(peer, self.world_size)?;
         if len > MAX_MESSAGE {
             return Err(Error::FrameTooLarge {
                 peer,

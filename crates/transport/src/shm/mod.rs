@@ -78,13 +78,7 @@ pub struct Shm {
 
 impl Shm {
     fn check(&self, peer: usize) -> Result<()> {
-        if peer >= self.world_size {
-            return Err(Error::InvalidRank {
-                rank: peer,
-                world_size: self.world_size,
-            });
-        }
-        Ok(())
+        crate::check_rank(peer, self.world_size)
     }
 
     fn pop_loopback(&mut self) -> Result<Vec<u8>> {
@@ -94,6 +88,43 @@ impl Shm {
             op: Op::Recv,
             after: Duration::ZERO,
         })
+    }
+
+    /// Receives the next message from `from` into `sink`; a message to ourselves comes off
+    /// the loopback queue.
+    fn take(&mut self, from: usize, sink: Sink<'_>) -> Result<()> {
+        self.check(from)?;
+        if from != self.rank {
+            return self.drive(None, Some(Incoming::new(from, sink)));
+        }
+        let m = self.pop_loopback()?;
+        match sink {
+            Sink::Vec(buf) => *buf = m,
+            Sink::Exact(out) => return crate::copy_exact(from, &m, out),
+            Sink::Discard { expected } => {
+                return Err(Error::SizeMismatch {
+                    peer: from,
+                    expected,
+                    got: m.len(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` to `to` while receiving the next message from `from` into `sink`, both
+    /// directions in turn; with ourselves at either end, the send and then the receive.
+    fn exchange(&mut self, to: usize, msg: &[u8], from: usize, sink: Sink<'_>) -> Result<()> {
+        self.check(to)?;
+        self.check(from)?;
+        if to == self.rank || from == self.rank {
+            self.send(to, msg)?;
+            return self.take(from, sink);
+        }
+        let o = self.outgoing(to, msg);
+        self.drive(Some(o), Some(Incoming::new(from, sink)))?;
+        self.bytes_sent += msg.len() as u64;
+        Ok(())
     }
 
     /// Moves the pieces of one outgoing and/or one incoming message until both are done.
@@ -328,47 +359,19 @@ impl Transport for Shm {
     }
 
     fn recv(&mut self, from: usize, buf: &mut Vec<u8>) -> Result<()> {
-        self.check(from)?;
-        if from == self.rank {
-            *buf = self.pop_loopback()?;
-            return Ok(());
-        }
-        self.drive(None, Some(Incoming::new(from, Sink::Vec(buf))))
+        self.take(from, Sink::Vec(buf))
     }
 
     fn recv_into(&mut self, from: usize, out: &mut [u8]) -> Result<()> {
-        self.check(from)?;
-        if from == self.rank {
-            let m = self.pop_loopback()?;
-            return crate::copy_exact(from, &m, out);
-        }
-        self.drive(None, Some(Incoming::new(from, Sink::Exact(out))))
+        self.take(from, Sink::Exact(out))
     }
 
     fn send_recv(&mut self, to: usize, msg: &[u8], from: usize, buf: &mut Vec<u8>) -> Result<()> {
-        self.check(to)?;
-        self.check(from)?;
-        if to == self.rank || from == self.rank {
-            self.send(to, msg)?;
-            return self.recv(from, buf);
-        }
-        let o = self.outgoing(to, msg);
-        self.drive(Some(o), Some(Incoming::new(from, Sink::Vec(buf))))?;
-        self.bytes_sent += msg.len() as u64;
-        Ok(())
+        self.exchange(to, msg, from, Sink::Vec(buf))
     }
 
     fn send_recv_into(&mut self, to: usize, msg: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        self.check(to)?;
-        self.check(from)?;
-        if to == self.rank || from == self.rank {
-            self.send(to, msg)?;
-            return self.recv_into(from, out);
-        }
-        let o = self.outgoing(to, msg);
-        self.drive(Some(o), Some(Incoming::new(from, Sink::Exact(out))))?;
-        self.bytes_sent += msg.len() as u64;
-        Ok(())
+        self.exchange(to, msg, from, Sink::Exact(out))
     }
 
     fn timeout(&self) -> Duration {

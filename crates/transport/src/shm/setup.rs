@@ -55,12 +55,7 @@ impl Shm {
     /// made or owns (and the setup fails, when the process lives on).
     pub fn connect(cfg: &ShmConfig) -> Result<Shm> {
         let (me, n) = (cfg.rank, cfg.world_size);
-        if me >= n {
-            return Err(Error::InvalidRank {
-                rank: me,
-                world_size: n,
-            });
-        }
+        crate::check_rank(me, n)?;
         if !ring_size_ok(cfg.ring_bytes) {
             return Err(Error::Rendezvous {
                 reason: format!(

@@ -166,6 +166,36 @@ fn check_len(b: &[u8], len: usize) -> Result<(), FrameError> {
     }
 }
 
+/// Checks a message of fixed length `len` that opens with `magic`: exactly `len` bytes
+/// (checked first), then the magic.
+fn open(b: &[u8], len: usize, magic: u32) -> Result<(), FrameError> {
+    check_len(b, len)?;
+    if u32_at(b, 0) != magic {
+        return Err(FrameError::BadMagic);
+    }
+    Ok(())
+}
+
+// The messages built by `tagged` and read by `untagged`: a magic and one fixed-size body.
+const _: () = assert!(PROOF_LEN == 4 + MAC_LEN && CONFIRM_LEN == 4 + MAC_LEN);
+const _: () = assert!(MESH_LEN == 4 + NONCE_LEN);
+
+/// A message of `N` bytes: `magic`, then the fixed-size `body` (`N - 4` bytes).
+fn tagged<const N: usize>(magic: u32, body: &[u8]) -> [u8; N] {
+    let mut v = [0u8; N];
+    v[..4].copy_from_slice(&magic.to_le_bytes());
+    v[4..].copy_from_slice(body);
+    v
+}
+
+/// The body of a message of exactly `4 + B` bytes that opens with `magic` (see [`tagged`]).
+fn untagged<const B: usize>(b: &[u8], magic: u32) -> Result<[u8; B], FrameError> {
+    open(b, 4 + B, magic)?;
+    let mut body = [0u8; B];
+    body.copy_from_slice(&b[4..]);
+    Ok(body)
+}
+
 impl Hello {
     /// Encodes the hello.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
@@ -182,10 +212,7 @@ impl Hello {
 
     /// Decodes a hello of exactly [`HELLO_LEN`] bytes.
     pub fn decode(b: &[u8]) -> Result<Hello, FrameError> {
-        check_len(b, HELLO_LEN)?;
-        if u32_at(b, 0) != MAGIC_HELLO {
-            return Err(FrameError::BadMagic);
-        }
+        open(b, HELLO_LEN, MAGIC_HELLO)?;
         let kind = match b[4] {
             1 => HelloKind::Hello,
             2 => HelloKind::Join,
@@ -228,10 +255,7 @@ impl Challenge {
 
     /// Decodes a challenge of exactly [`CHALLENGE_LEN`] bytes.
     pub fn decode(b: &[u8]) -> Result<Challenge, FrameError> {
-        check_len(b, CHALLENGE_LEN)?;
-        if u32_at(b, 0) != MAGIC_CHALLENGE {
-            return Err(FrameError::BadMagic);
-        }
+        open(b, CHALLENGE_LEN, MAGIC_CHALLENGE)?;
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(&b[8..CHALLENGE_LEN]);
         Ok(Challenge {
@@ -251,21 +275,14 @@ pub struct Proof {
 impl Proof {
     /// Encodes the proof.
     pub fn encode(&self) -> [u8; PROOF_LEN] {
-        let mut v = [0u8; PROOF_LEN];
-        v[..4].copy_from_slice(&MAGIC_PROOF.to_le_bytes());
-        v[4..].copy_from_slice(&self.mac);
-        v
+        tagged(MAGIC_PROOF, &self.mac)
     }
 
     /// Decodes a proof of exactly [`PROOF_LEN`] bytes.
     pub fn decode(b: &[u8]) -> Result<Proof, FrameError> {
-        check_len(b, PROOF_LEN)?;
-        if u32_at(b, 0) != MAGIC_PROOF {
-            return Err(FrameError::BadMagic);
-        }
-        let mut mac = [0u8; MAC_LEN];
-        mac.copy_from_slice(&b[4..]);
-        Ok(Proof { mac })
+        Ok(Proof {
+            mac: untagged(b, MAGIC_PROOF)?,
+        })
     }
 }
 
@@ -280,41 +297,25 @@ pub struct Confirm {
 impl Confirm {
     /// Encodes the confirm.
     pub fn encode(&self) -> [u8; CONFIRM_LEN] {
-        let mut v = [0u8; CONFIRM_LEN];
-        v[..4].copy_from_slice(&MAGIC_CONFIRM.to_le_bytes());
-        v[4..].copy_from_slice(&self.mac);
-        v
+        tagged(MAGIC_CONFIRM, &self.mac)
     }
 
     /// Decodes a confirm of exactly [`CONFIRM_LEN`] bytes.
     pub fn decode(b: &[u8]) -> Result<Confirm, FrameError> {
-        check_len(b, CONFIRM_LEN)?;
-        if u32_at(b, 0) != MAGIC_CONFIRM {
-            return Err(FrameError::BadMagic);
-        }
-        let mut mac = [0u8; MAC_LEN];
-        mac.copy_from_slice(&b[4..]);
-        Ok(Confirm { mac })
+        Ok(Confirm {
+            mac: untagged(b, MAGIC_CONFIRM)?,
+        })
     }
 }
 
 /// Encodes the mesh identity message.
 pub fn encode_mesh(mesh: &[u8; NONCE_LEN]) -> [u8; MESH_LEN] {
-    let mut v = [0u8; MESH_LEN];
-    v[..4].copy_from_slice(&MAGIC_MESH.to_le_bytes());
-    v[4..].copy_from_slice(mesh);
-    v
+    tagged(MAGIC_MESH, mesh)
 }
 
 /// Decodes a mesh identity message of exactly [`MESH_LEN`] bytes.
 pub fn decode_mesh(b: &[u8]) -> Result<[u8; NONCE_LEN], FrameError> {
-    check_len(b, MESH_LEN)?;
-    if u32_at(b, 0) != MAGIC_MESH {
-        return Err(FrameError::BadMagic);
-    }
-    let mut mesh = [0u8; NONCE_LEN];
-    mesh.copy_from_slice(&b[4..]);
-    Ok(mesh)
+    untagged(b, MAGIC_MESH)
 }
 
 /// Length of the address table of a world of `world_size` ranks.
@@ -344,10 +345,7 @@ pub fn decode_table(b: &[u8], world_size: usize) -> Result<Vec<SocketAddr>, Fram
         .checked_mul(TABLE_ENTRY_LEN)
         .and_then(|n| n.checked_add(4))
         .ok_or(FrameError::TooLarge(world_size as u64))?;
-    check_len(b, len)?;
-    if u32_at(b, 0) != MAGIC_TABLE {
-        return Err(FrameError::BadMagic);
-    }
+    open(b, len, MAGIC_TABLE)?;
     b[4..]
         .chunks_exact(TABLE_ENTRY_LEN)
         .map(|e| {
