@@ -167,6 +167,14 @@ pub enum Error {
         /// The buffer's length.
         got: usize,
     },
+    /// A shard's reply does not fit the request it answers.
+    #[error("shard {shard} replied with {what}")]
+    BadReply {
+        /// The shard's index.
+        shard: usize,
+        /// What was wrong with the reply.
+        what: &'static str,
+    },
     /// A checkpoint or WAL file could not be read or written.
     #[error("durability: {0}")]
     Durability(std::io::Error),
