@@ -34,13 +34,17 @@ pub fn run(cmd: PsCommand) -> Result<()> {
 /// said on standard error.
 pub fn start_shards(n: usize, workers: usize, opts: &ShardOptions) -> Result<Shards> {
     let exe = std::env::current_exe().context("locating the gradwire binary")?;
-    let note: gradwire_job::shards::RestartNote = Box::new(
-        |i, status, addr, failed| {
-            match failed {
-        None => eprintln!("gradwire train: shard {i} exited ({status}); started it again on {addr}"),
-        Some(e) => eprintln!("gradwire train: shard {i} exited ({status}) and did not start again on {addr}: {e}"),
-    }
-        },
-    );
-    Ok(Shards::start(&exe, n, workers, opts, note)?)
+    Ok(Shards::start(&exe, n, workers, opts, restart_note())?)
+}
+
+/// Says each restart of a shard on standard error.
+pub fn restart_note() -> gradwire_job::shards::RestartNote {
+    Box::new(|i, status, addr, failed| match failed {
+        None => {
+            eprintln!("gradwire train: shard {i} exited ({status}); started it again on {addr}")
+        }
+        Some(e) => eprintln!(
+            "gradwire train: shard {i} exited ({status}) and did not start again on {addr}: {e}"
+        ),
+    })
 }

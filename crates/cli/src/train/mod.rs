@@ -21,7 +21,6 @@ use crate::launch::{describe, spawn_quiet, RankSpec};
 pub use args::TrainArgs;
 pub use gradwire_job::{Host, Plan};
 pub(crate) use output::progress_bar;
-pub use output::write_run;
 use rank::run_linked;
 pub(crate) use rank::Shown;
 

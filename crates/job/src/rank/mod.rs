@@ -3,7 +3,7 @@
 //! engine it starts ([`engine_config`]), its epochs, on-disk checkpoints and timeline and,
 //! on the reporting rank, the run's records (`metrics.jsonl`, `--json`, `run.json`, plots)
 //! and its news to the front end ([`Progress`]); one worker of an elastic run
-//! ([`elastic`]).
+//! ([`elastic`]); Sandblaster L-BFGS, this process the coordinator ([`sandblaster`]).
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +25,7 @@ mod output;
 mod parallel;
 mod progress;
 mod ps;
+pub mod sandblaster;
 
 pub use engine::{engine_config, record_partition_plan};
 pub use error::RankError;

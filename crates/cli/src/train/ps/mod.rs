@@ -24,7 +24,7 @@
 //!   j of every replica pushes and pulls its own tensors as table j on its own `--servers`
 //!   shards (`gradwire_job::model_parallel`).
 //! - `sandblaster`: DistBelief's batch L-BFGS on the same models and data
-//!   (`crate::train::sandblaster`): a coordinator, `--workers` worker threads and the shards;
+//!   (`gradwire_job::rank::sandblaster`): a coordinator, `--workers` worker threads and the shards;
 //!   one epoch is `--sb-iters` accepted L-BFGS steps.
 //!
 //! `--codec C` compresses every worker's push of the parameter table with gradwire codec `C`
@@ -52,4 +52,4 @@ mod run;
 
 pub use gradwire_job::ps::{PsPlan, SbPlan};
 pub use gradwire_job::PsMode;
-pub use run::{run, save_params};
+pub use run::run;

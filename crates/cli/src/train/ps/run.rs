@@ -13,8 +13,6 @@ use crate::launch::{describe, spawn_quiet};
 use crate::ps::{ShardOptions, Shards};
 use crate::train::{worker_spec, Plan, Shown, TrainArgs};
 
-pub use gradwire_job::rank::save_params;
-
 /// Runs a parameter-server `train` (parent, or one worker).
 pub fn run(
     args: &TrainArgs,
