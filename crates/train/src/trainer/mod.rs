@@ -15,8 +15,6 @@
 //! a sparsifying codec the aggregate holds residuals accumulated over many steps, so a
 //! global clip cuts what error feedback saved, and what it cuts is lost for good.
 
-use std::time::Instant;
-
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
@@ -25,7 +23,9 @@ use crate::elastic::{order_shard, remaining_samples, Commit, EpochOrder};
 use crate::error::{ConfigError, Error, Result};
 use crate::model::{Eval, Model};
 use crate::optim::{Optimizer, OptimizerConfig, OptimizerState};
-use crate::sync::{GradientSync, Phase, SyncStats};
+use crate::sync::{GradientSync, SyncStats};
+
+mod epoch;
 
 /// [`Error::Unsupported`] for `overlap_steps = 1` without [`GradientSync::overlap`].
 const OVERLAP: &str = "overlap steps (--overlap-steps needs the engine)";
@@ -443,205 +443,6 @@ impl<S: GradientSync> Trainer<S> {
         }
     }
 
-    /// Runs one epoch over this rank's shard, calling `on_step` after every step, then
-    /// evaluates per [`EvalMode`].
-    pub fn run_epoch(
-        &mut self,
-        data: &Dataset,
-        on_step: &mut dyn FnMut(&StepInfo),
-    ) -> Result<EpochStats> {
-        loop {
-            if let Some(stats) = self.run_epoch_until(data, on_step, None)? {
-                return Ok(stats);
-            }
-        }
-    }
-
-    /// [`Trainer::run_epoch`] from the epoch's current step, pausing (`Ok(None)`) at the
-    /// step boundary where the run's global step reaches `pause_at` (for a checkpoint); the
-    /// next call goes on from there. A pause after the epoch's last step comes before its
-    /// evaluation. `Ok(Some(stats))` once the epoch is done.
-    pub fn run_epoch_until(
-        &mut self,
-        data: &Dataset,
-        on_step: &mut dyn FnMut(&StepInfo),
-        pause_at: Option<u64>,
-    ) -> Result<Option<EpochStats>> {
-        let t_epoch = Instant::now();
-        let (rank, world) = (self.sync.rank(), self.sync.world_size());
-        let n = data.train.len();
-        let (shard, first, steps) = self.epoch_shard(n);
-        if steps == 0 && self.order.is_none() {
-            return Err(ConfigError::NoFullBatch {
-                samples: n,
-                ranks: world,
-                batch: self.config.batch_size,
-            }
-            .into());
-        }
-        let bs = self.config.batch_size;
-        let mut part = std::mem::take(&mut self.part);
-        let (mut compute_s, mut loss_sum) = (part.compute_s, part.loss_sum);
-        let mut total = part.total;
-        for step in part.step..steps {
-            if pause_at.is_some_and(|p| self.global_step >= p) && !self.in_flight {
-                self.part = EpochPart {
-                    step,
-                    loss_sum,
-                    compute_s,
-                    total,
-                    wall_s: part.wall_s + t_epoch.elapsed().as_secs_f64(),
-                };
-                return Ok(None);
-            }
-            let at = (step - first) * bs;
-            let batch = data.train.batch(&shard[at..at + bs]);
-            let t0 = Instant::now();
-            let loss = self.model.forward_backward(&batch, &mut self.grads)?;
-            compute_s += t0.elapsed().as_secs_f64();
-            if !loss.is_finite() {
-                return Err(Error::Diverged {
-                    epoch: self.epoch,
-                    step,
-                    loss,
-                });
-            }
-            if let Some(c) = self.config.local_clip {
-                clip_local(&mut self.grads, c, world);
-            }
-            if let Some([start, fwd, bwd]) = self.model.last_pass_times() {
-                self.sync.record_phase(Phase::Forward, start, fwd);
-                self.sync.record_phase(Phase::Backward, fwd, bwd);
-            }
-            let remote = match self.sync.server() {
-                Some(s) if self.config.overlap_steps != 1 => {
-                    Some(s.server_step(&self.grads, &mut self.params)?)
-                }
-                _ => None,
-            };
-            let (stats, lr, update_s) = if let Some(stats) = remote {
-                // A parameter server applied the update; `params` hold its result.
-                (stats, self.optimizer.current_lr(), 0.0)
-            } else if self.config.overlap_steps == 1 {
-                // One-step-stale: apply the previous step's average (if any), then start
-                // this step's, which travels during the next forward/backward.
-                let (stats, lr, update_s) = self.apply_in_flight()?;
-                self.sync
-                    .overlap()
-                    .ok_or(Error::Unsupported { what: OVERLAP })?
-                    .start_sync(&self.grads)?;
-                self.in_flight = true;
-                (stats, lr, update_s)
-            } else if self.optimizer.updates_by_part() {
-                // Each tensor is updated as soon as its reduced gradient is in, while the
-                // others are still on the wire.
-                let (optimizer, params) = (&mut self.optimizer, &mut self.params);
-                let mut update_s = 0.0;
-                let stats = self.sync.sync_by_tensor(&mut self.grads, &mut |r, g| {
-                    let u0 = Instant::now();
-                    let start = r.start;
-                    optimizer.step_part(&mut params[r], g, start)?;
-                    update_s += u0.elapsed().as_secs_f64();
-                    Ok(())
-                })?;
-                (stats, self.optimizer.finish_step(), update_s)
-            } else {
-                let stats = self.sync.sync(&mut self.grads)?;
-                let u0 = Instant::now();
-                let lr = self.optimizer.step(&mut self.params, &self.grads)?;
-                (stats, lr, u0.elapsed().as_secs_f64())
-            };
-            total.merge(&stats);
-            let t1 = Instant::now();
-            self.model.set_params(&self.params);
-            self.sync.record_phase(Phase::Update, t1, Instant::now());
-            compute_s += t1.elapsed().as_secs_f64() + update_s;
-            loss_sum += f64::from(loss);
-            self.global_step += 1;
-            on_step(&StepInfo {
-                epoch: self.epoch,
-                step,
-                steps,
-                global_step: self.global_step,
-                loss,
-                lr,
-                sync: stats,
-            });
-        }
-        if pause_at.is_some_and(|p| self.global_step >= p) && !self.in_flight && part.step < steps {
-            // Paused after the epoch's last step, before its evaluation.
-            self.part = EpochPart {
-                step: steps,
-                loss_sum,
-                compute_s,
-                total,
-                wall_s: part.wall_s + t_epoch.elapsed().as_secs_f64(),
-            };
-            return Ok(None);
-        }
-        part.wall_s += t_epoch.elapsed().as_secs_f64();
-        let t_epoch = Instant::now();
-        if self.in_flight {
-            // The epoch's last gradient, applied before the evaluation.
-            let (stats, _, update_s) = self.apply_in_flight()?;
-            total.merge(&stats);
-            let t1 = Instant::now();
-            self.model.set_params(&self.params);
-            compute_s += update_s + t1.elapsed().as_secs_f64();
-        }
-        let mut mean_loss = [loss_sum / steps.max(1) as f64];
-        self.sync.average_metrics(&mut mean_loss)?;
-        let t_eval = Instant::now();
-        let eval = match self.config.eval {
-            EvalMode::All => Some(self.evaluate(&data.test)?),
-            EvalMode::Rank0 if rank == 0 => Some(self.evaluate(&data.test)?),
-            EvalMode::Rank0 | EvalMode::Off => None,
-            EvalMode::Sharded => Some(self.evaluate_sharded(&data.test)?),
-        };
-        let eval_s = t_eval.elapsed().as_secs_f64();
-        let (mut test_accuracy, mut val_perplexity) = (None, None);
-        if let Some(e) = eval {
-            test_accuracy = Some(e.accuracy());
-            if self.model.kind().is_language_model() {
-                val_perplexity = Some(e.perplexity());
-            }
-        }
-        let stats = EpochStats {
-            epoch: self.epoch,
-            train_loss: mean_loss[0],
-            test_accuracy,
-            val_perplexity,
-            wall_s: part.wall_s + t_epoch.elapsed().as_secs_f64(),
-            eval_s,
-            compute_s,
-            comm_s: total.comm_s,
-            bytes_sent: total.bytes_sent,
-            compression_ratio: total.compression_ratio(),
-        };
-        self.epoch += 1;
-        self.order = None;
-        Ok(Some(stats))
-    }
-
-    /// With a gradient averaging in flight (`overlap_steps = 1`): waits for it and applies
-    /// it; the stats of that wait, the learning rate and the update's seconds. Nothing in
-    /// flight: no update (zero stats, the current learning rate).
-    fn apply_in_flight(&mut self) -> Result<(SyncStats, f64, f64)> {
-        if !self.in_flight {
-            return Ok((SyncStats::default(), self.optimizer.current_lr(), 0.0));
-        }
-        self.in_flight = false;
-        self.stale.resize(self.grads.len(), 0.0);
-        let stats = self
-            .sync
-            .overlap()
-            .ok_or(Error::Unsupported { what: OVERLAP })?
-            .finish_sync(&mut self.stale)?;
-        let u0 = Instant::now();
-        let lr = self.optimizer.step(&mut self.params, &self.stale)?;
-        Ok((stats, lr, u0.elapsed().as_secs_f64()))
-    }
-
     /// Runs the configured number of epochs; `on_epoch` sees each epoch's stats.
     pub fn fit(
         &mut self,
@@ -729,20 +530,9 @@ pub fn evaluate(
     Ok(total)
 }
 
-/// Local gradient clipping (DGC section 3.3): scales `grads` so that its L2 norm is at most
-/// `clip / sqrt(world)`; leaves it as it is when already within.
-fn clip_local(grads: &mut [f32], clip: f64, world: usize) {
-    let max = clip / (world.max(1) as f64).sqrt();
-    let norm = crate::optim::l2_norm(grads);
-    if norm > max {
-        let s = (max / norm) as f32;
-        grads.iter_mut().for_each(|g| *g *= s);
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{clip_local, steps_per_epoch, TrainConfig, Trainer};
+    use super::{steps_per_epoch, TrainConfig, Trainer};
 
     /// A trainer's step count (no re-dealt order) is the free function's, which is the
     /// shard over the batch, capped: checked against that arithmetic on one rank.
@@ -776,24 +566,5 @@ mod tests {
                 "{len} samples, batch {batch}"
             );
         }
-    }
-
-    #[test]
-    fn local_clip_scales_to_clip_over_sqrt_world() {
-        // ||(3, 4)|| = 5; clip 4 over 4 ranks allows 4 / 2 = 2: the result is (1.2, 1.6).
-        let mut g = [3.0f32, 4.0];
-        clip_local(&mut g, 4.0, 4);
-        assert!(
-            (g[0] - 1.2).abs() < 1e-6 && (g[1] - 1.6).abs() < 1e-6,
-            "{g:?}"
-        );
-        // Within the bound: untouched, bit for bit.
-        let mut g = [0.3f32, -0.4];
-        clip_local(&mut g, 1.0, 1);
-        assert_eq!(g, [0.3, -0.4]);
-        // One rank: the bound is the clip itself.
-        let mut g = [0.0f32, 10.0];
-        clip_local(&mut g, 5.0, 1);
-        assert!((g[1] - 5.0).abs() < 1e-6, "{g:?}");
     }
 }
