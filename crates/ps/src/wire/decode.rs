@@ -5,6 +5,9 @@ use super::*;
 
 impl Request {
     /// Decodes a request body for `header` (whose CRC is checked here).
+    ///
+    /// Longer than 120 lines on purpose: one match arm per opcode, each a few reads, so every
+    /// request's layout is read in one place, in the order [`Request::encode`] writes it.
     pub fn decode(header: &FrameHeader, body: &[u8]) -> Result<Self, WireError> {
         header.check_body(body)?;
         let mut c = Cursor::new(body);
@@ -160,6 +163,8 @@ impl Request {
 
 impl Response {
     /// Decodes a response body for `header` (whose CRC is checked here).
+    ///
+    /// One match arm per response kind, like [`Request::decode`].
     pub fn decode(header: &FrameHeader, body: &[u8]) -> Result<Self, WireError> {
         header.check_body(body)?;
         let mut c = Cursor::new(body);

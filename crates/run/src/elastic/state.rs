@@ -336,6 +336,46 @@ impl State {
         }
     }
 
+    /// The live members of broken generation `b` that have not asked for the next world:
+    /// awaited until the detection plus the timeout (that deadline is returned), then
+    /// evicted (their connections shut) so the survivors can go on.
+    fn evict_silent(
+        &mut self,
+        cfg: &CoordinatorConfig,
+        now: Instant,
+        b: &Broken,
+        live: &[ConnId],
+    ) -> Option<Instant> {
+        let awaited: Vec<ConnId> = live
+            .iter()
+            .copied()
+            .filter(|m| self.conns.get(m).is_some_and(|c| c.next.is_none()))
+            .collect();
+        if awaited.is_empty() {
+            return None;
+        }
+        let deadline = b.detected + cfg.timeout;
+        if now < deadline {
+            return Some(deadline);
+        }
+        for id in awaited {
+            if let Some(c) = self.conns.get_mut(&id) {
+                tracing::warn!(
+                    generation = b.gen,
+                    "elastic coordinator: evicting a member that did not ask for the next \
+                     world within {:?}",
+                    cfg.timeout
+                );
+                c.lost = true;
+                let _ = c.shut.shutdown(Shutdown::Both);
+            }
+        }
+        None
+    }
+
+    /// After generation `b` broke: the run's end when every live member finished, else the
+    /// next generation of the survivors (and joiners that fit) at their newest common commit,
+    /// or a deadline to wait for, or the run's abort naming why.
     fn form_after_break(
         &mut self,
         cfg: &CoordinatorConfig,
@@ -358,28 +398,8 @@ impl State {
         {
             return (self.finish(), None);
         }
-        let awaited: Vec<ConnId> = live
-            .iter()
-            .copied()
-            .filter(|m| self.conns.get(m).is_some_and(|c| c.next.is_none()))
-            .collect();
-        if !awaited.is_empty() {
-            let deadline = b.detected + cfg.timeout;
-            if now < deadline {
-                return (Vec::new(), Some(deadline));
-            }
-            for id in awaited {
-                if let Some(c) = self.conns.get_mut(&id) {
-                    tracing::warn!(
-                        generation = b.gen,
-                        "elastic coordinator: evicting a member that did not ask for the next \
-                         world within {:?}",
-                        cfg.timeout
-                    );
-                    c.lost = true;
-                    let _ = c.shut.shutdown(Shutdown::Both);
-                }
-            }
+        if let Some(deadline) = self.evict_silent(cfg, now, &b, &live) {
+            return (Vec::new(), Some(deadline));
         }
         let survivors: Vec<ConnId> = b
             .members
