@@ -103,28 +103,7 @@ pub fn sandblaster(
         key: Key(1),
         chunk_elems: dim.div_ceil(addrs.len()).max(1),
     };
-    progress.note(&format!(
-        "{} on {} ({} train / {} held out), --sync sandblaster: L-BFGS m={} over a batch of {} in {} units of {}, {workers} worker thread(s), {} shard(s), backups {}, {} steps/epoch x {} epochs",
-        plan.model.name(),
-        plan.dataset.name(),
-        data.train.len(),
-        data.test.len(),
-        sb.history,
-        b.batch,
-        b.units,
-        b.unit,
-        addrs.len(),
-        if sb.backups { "on" } else { "off" },
-        sb.iters_per_epoch,
-        plan.train.epochs
-    ));
-    if b.units < 4 * workers {
-        progress.note(&format!(
-            "warning: {} units for {workers} workers: Sandblaster balances \
-             load with many units per worker (lower --sb-unit)",
-            b.units
-        ));
-    }
+    announce(plan, sb, &b, &data, addrs.len(), progress);
     std::fs::create_dir_all(&plan.out).map_err(|source| SbError::Create {
         path: plan.out.clone(),
         source,
@@ -194,18 +173,7 @@ pub fn sandblaster(
     }
     write_run(&run, &plan.out, &mut Notes(|l: &str| progress.note(l)))?;
     record_ps(plan, sb, &b, addrs.len(), &report)?;
-    progress.note(&format!(
-        "sandblaster finished: {} steps, {} passes, {} units run ({} backups issued, {} won), wrote {} read {}, {:.1} s; wrote {}",
-        report.losses.len().saturating_sub(1),
-        report.passes,
-        report.units_run,
-        report.backups_issued,
-        report.backups_won,
-        human_bytes(report.bytes.0 as f64),
-        human_bytes(report.bytes.1 as f64),
-        report.elapsed.as_secs_f64(),
-        plan.out.display()
-    ));
+    finished(plan, &report, progress);
     Ok(())
 }
 
@@ -272,4 +240,56 @@ fn record_ps(
     });
     std::fs::write(&path, serde_json::to_string_pretty(&v)? + "\n")
         .map_err(|source| SbError::Write { path, source })
+}
+
+/// The run's first lines: what trains on what, and a warning when the units are too few to
+/// balance the load.
+fn announce(
+    plan: &Plan,
+    sb: &SbPlan,
+    b: &Batch,
+    data: &gradwire_train::data::Dataset,
+    servers: usize,
+    progress: &mut dyn SbProgress,
+) {
+    let workers = plan.workers.max(1);
+    progress.note(&format!(
+        "{} on {} ({} train / {} held out), --sync sandblaster: L-BFGS m={} over a batch of {} in {} units of {}, {} worker thread(s), {} shard(s), backups {}, {} steps/epoch x {} epochs",
+        plan.model.name(),
+        plan.dataset.name(),
+        data.train.len(),
+        data.test.len(),
+        sb.history,
+        b.batch,
+        b.units,
+        b.unit,
+        workers,
+        servers,
+        if sb.backups { "on" } else { "off" },
+        sb.iters_per_epoch,
+        plan.train.epochs
+    ));
+    if b.units < 4 * workers {
+        progress.note(&format!(
+            "warning: {} units for {workers} workers: Sandblaster balances \
+             load with many units per worker (lower --sb-unit)",
+            b.units
+        ));
+    }
+}
+
+/// The run's last line: its totals.
+fn finished(plan: &Plan, report: &Report, progress: &mut dyn SbProgress) {
+    progress.note(&format!(
+        "sandblaster finished: {} steps, {} passes, {} units run ({} backups issued, {} won), wrote {} read {}, {:.1} s; wrote {}",
+        report.losses.len().saturating_sub(1),
+        report.passes,
+        report.units_run,
+        report.backups_issued,
+        report.backups_won,
+        human_bytes(report.bytes.0 as f64),
+        human_bytes(report.bytes.1 as f64),
+        report.elapsed.as_secs_f64(),
+        plan.out.display()
+    ));
 }
