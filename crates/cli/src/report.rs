@@ -97,6 +97,11 @@ pub struct ReportArgs {
 }
 
 /// Runs the matrix and writes the report.
+///
+/// Longer than 120 lines on purpose: the command's steps run in order (plan the matrix, run
+/// each `gradwire train` process or reuse its finished run, gather the records, write the
+/// Markdown and the charts); the matrix, the records and the Markdown are
+/// `gradwire_run::report`.
 pub fn run(args: &ReportArgs) -> Result<()> {
     let codecs = split_codecs(&args.codecs);
     if codecs.is_empty() {

@@ -84,6 +84,11 @@ use report::SimReport;
 use table::print_table;
 
 /// Runs `gradwire simulate`.
+///
+/// Longer than 120 lines on purpose: the command's flags are read in the order the
+/// predictions need them (the model's profile, the codecs' measured costs, the links, the
+/// sweep), then printed; the measuring and the model are `gradwire_train::measure` and
+/// `gradwire_sim`.
 pub fn run(args: &SimulateArgs) -> Result<()> {
     if args.workers.is_empty() || args.workers.contains(&0) {
         bail!("--workers needs worker counts of at least 1");

@@ -334,6 +334,11 @@ impl PowerSgdAllReduce {
     }
 
     /// Replaces `grad` by the rank-`r` approximation of the mean (or sum) over ranks.
+    ///
+    /// Longer than 120 lines on purpose: it follows Algorithm 1 of the paper step by step
+    /// (M = G + e; P = MQ, all-reduced; P orthogonalized; Q = MᵀP, all-reduced; the
+    /// approximation PQᵀ and the new error), each step marked in the body, all sharing the
+    /// factor buffers.
     pub fn all_reduce<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,

@@ -506,6 +506,11 @@ impl Worker {
     }
 
     /// One negotiation round and the execution of what it found ready. `Ok(false)`: done.
+    ///
+    /// Longer than 120 lines on purpose: the round's steps (this rank's message, the
+    /// all-gather, every rank's decoded message checked against the agreed descriptors, what
+    /// is ready on every rank, shutdown) reuse the round's buffers in order, and read as
+    /// Horovod's coordination cycle does, top to bottom.
     fn cycle(&mut self, subs: &mut Vec<Submission>, shutdown: bool) -> Result<bool> {
         // This round's message and the decoded ones reuse last round's buffers.
         let mut msg = std::mem::take(&mut self.out_msg);

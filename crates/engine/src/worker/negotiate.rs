@@ -314,6 +314,10 @@ impl Worker {
     /// level with flat on LeNet (`38ac0c7`, `docs/results/engine`): the received part is warm from
     /// the socket copy, and the adder reads two streams and writes one it just read, as flat's
     /// in-place add does.
+    ///
+    /// Longer than 120 lines on purpose: that fused path (the tree's sends, receives and
+    /// in-place sums over the ranks' submissions, with the fallback when a rank's batch
+    /// differs) is one hot loop, kept whole for the reason above.
     fn speculate_tree(&mut self, attach: bool, len: usize) -> Result<Option<u64>> {
         use gradwire_collective::chunks::span;
         let (rank, world) = (self.rank, self.world);

@@ -41,6 +41,11 @@ impl Plan {
     }
 
     /// Flags over the file's settings (`name` is the file, for errors) over the defaults.
+    ///
+    /// Longer than 120 lines on purpose: each setting is read (flag, then file, then
+    /// default) in the order the later ones depend on the earlier (the model before the
+    /// dataset, the workers before the link, the codec before the rules), and the plan's
+    /// fields are filled in one literal; the rules themselves are the functions below.
     pub fn merge(
         request: Request<'_>,
         file: FileSettings,
@@ -65,17 +70,7 @@ impl Plan {
         };
         let model_parallel = ModelParallel::from_settings(request.mp, model)?;
         let k = model_parallel.map_or(1, |m| m.partitions);
-        // Under model parallelism --workers counts replicas, each of K ranks.
-        let asked = flags.workers.or(file.workers).map(|w| w.saturating_mul(k));
-        let workers = match host.launched {
-            Some((world, _)) => {
-                if let Some(w) = asked.filter(|&w| w != world) {
-                    tracing::warn!("--workers {w} ignored: the launcher started {world} ranks");
-                }
-                world
-            }
-            None => asked.unwrap_or(k),
-        };
+        let workers = workers(flags.workers.or(file.workers), k, host);
         if workers == 0 || (host.launched.is_none() && workers > 64) {
             return Err(PlanError::Workers);
         }
@@ -88,7 +83,7 @@ impl Plan {
             None => from_file(name, "codec", file.codec)?.unwrap_or(CodecArg::Codec(dense.clone())),
         };
         let auto = codec_arg == CodecArg::Auto;
-        let mut codec = match codec_arg {
+        let codec = match codec_arg {
             CodecArg::Auto => dense,
             CodecArg::Codec(c) => c,
         };
@@ -100,21 +95,7 @@ impl Plan {
             None => from_file(name, "sync", file.sync)?.unwrap_or_default(),
         };
         let (sync, ps_mode) = sync.split();
-        let rules = if flags.rules.is_empty() {
-            file.rules
-                .unwrap_or_default()
-                .into_iter()
-                .map(|r| {
-                    r.parse::<Rule>().map_err(|source| PlanError::FileRule {
-                        file: name.to_string(),
-                        rule: r.clone(),
-                        source,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        } else {
-            flags.rules.clone()
-        };
+        let rules = rules(flags, file.rules, name)?;
         // An impossible codec/strategy pair is refused here, before any data loads (rules
         // naming tensors are checked against the model when the engine starts).
         EngineConfig {
@@ -136,45 +117,25 @@ impl Plan {
             return Err(PlanError::BatchEpochs);
         }
         let (file_names_optimizer, file_names_lr) = (file.optimizer.is_some(), file.lr.is_some());
-        let mut optimizer = match &flags.optimizer {
+        let optimizer = match &flags.optimizer {
             Some(o) => o.clone(),
             None => from_file(name, "optimizer", file.optimizer)?
                 .unwrap_or_else(|| default_optimizer(model)),
         };
-        if let Some(lr) = flags.lr.or(file.lr) {
-            optimizer.lr = lr;
-        }
-        let mode = flags
-            .momentum_correction
-            .or(file.momentum_correction)
-            .unwrap_or_default();
-        if auto && mode == MomentumMode::On {
-            return Err(PlanError::MomentumWithAuto);
-        }
-        let allow_dgc_adaptive = flags.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true);
-        let clip_scope = flags.clip_scope.or(file.clip_scope).unwrap_or_default();
-        let view = gradwire_run::OptimizerView {
-            name: optimizer.to_string(),
-            is_sgd: matches!(optimizer.kind, OptimizerKind::Sgd { .. }),
-            sgd_momentum: optimizer.sgd_momentum(),
-            clip_norm: optimizer.clip_norm,
+        let choices = gradwire_run::RuleChoices {
+            momentum: flags
+                .momentum_correction
+                .or(file.momentum_correction)
+                .unwrap_or_default(),
+            clip_scope: flags.clip_scope.or(file.clip_scope).unwrap_or_default(),
+            allow_dgc_adaptive: flags.allow_dgc_adaptive || file.allow_dgc_adaptive == Some(true),
         };
-        let resolved = gradwire_run::resolve(
-            &codec,
-            &view,
-            gradwire_run::RuleChoices {
-                momentum: mode,
-                clip_scope,
-                allow_dgc_adaptive,
-            },
-        )?;
-        codec = resolved.codec;
-        if let gradwire_run::OptimizerMomentum::Corrected(m) = resolved.optimizer_momentum {
-            optimizer = optimizer.momentum_corrected(m);
-        }
-        optimizer.clip_norm = resolved.optimizer_clip;
-        let momentum_correction = resolved.momentum_correction;
-        let local_clip = resolved.local_clip;
+        let TrainingRules {
+            codec,
+            optimizer,
+            momentum_correction,
+            local_clip,
+        } = training_rules(codec, optimizer, flags.lr.or(file.lr), choices, auto)?;
         optimizer.validate().map_err(PlanError::Optimizer)?;
         let local = host.launched.map_or(workers, |(_, local)| local);
         let threads = flags
@@ -197,14 +158,7 @@ impl Plan {
             .clone()
             .or(file.out)
             .or_else(|| flags.resume.clone())
-            .unwrap_or_else(|| {
-                PathBuf::from("out").join(format!(
-                    "{}-{}-{}",
-                    model.name(),
-                    dataset.name(),
-                    codec.name()
-                ))
-            });
+            .unwrap_or_else(|| default_out(model, dataset, &codec));
         let link = match &flags.link {
             Some(l) => Some(l.clone()),
             None => match from_file(name, "link", file.link)? {
@@ -264,31 +218,7 @@ impl Plan {
             if ps_mode.is_some() {
                 return Err(PlanError::AutoWithPs);
             }
-            let calibration = calibration().map_err(PlanError::Calibration)?;
-            let list = flags
-                .auto_codecs
-                .as_deref()
-                .unwrap_or_else(|| default_candidates(&plan.train.optimizer));
-            let candidates = gradwire_sim::auto::candidates(list, &calibration)
-                .map_err(PlanError::Candidates)?;
-            let tensors = model_tensors(plan.model, plan.dataset)?;
-            let choice = gradwire_sim::auto::choose(
-                &tensors,
-                plan.workers,
-                plan.link.as_ref(),
-                plan.fusion_bytes,
-                &candidates,
-                &calibration,
-            )
-            .map_err(PlanError::Auto)?;
-            tracing::info!(
-                "--codec auto over {} at {} workers: {}",
-                choice.link,
-                plan.workers,
-                choice.summary()
-            );
-            plan.rules.extend(choice.rules().map_err(PlanError::Auto)?);
-            plan.codec_choice = Some(choice);
+            choose_codec(&mut plan, flags.auto_codecs.as_deref(), calibration)?;
         }
         plan.ps = crate::ps::plan(
             ps_mode,
@@ -311,6 +241,132 @@ impl Plan {
         plan.elastic = checks::elastic(request.elastic, &plan, host.elastic_launched)?;
         Ok(plan)
     }
+}
+
+/// The world size: the launcher's, else `asked` (`--workers`, times the `k` ranks of a
+/// replica under model parallelism), else one replica.
+fn workers(asked: Option<usize>, k: usize, host: Host) -> usize {
+    // Under model parallelism --workers counts replicas, each of K ranks.
+    let asked = asked.map(|w| w.saturating_mul(k));
+    match host.launched {
+        Some((world, _)) => {
+            if let Some(w) = asked.filter(|&w| w != world) {
+                tracing::warn!("--workers {w} ignored: the launcher started {world} ranks");
+            }
+            world
+        }
+        None => asked.unwrap_or(k),
+    }
+}
+
+/// The per-tensor codec rules: the flags' when any, else the file's (parsed, naming the file
+/// and the rule when one does not parse).
+fn rules(
+    flags: &crate::Settings,
+    file: Option<Vec<String>>,
+    name: &str,
+) -> Result<Vec<Rule>, PlanError> {
+    if !flags.rules.is_empty() {
+        return Ok(flags.rules.clone());
+    }
+    file.unwrap_or_default()
+        .into_iter()
+        .map(|r| {
+            r.parse::<Rule>().map_err(|source| PlanError::FileRule {
+                file: name.to_string(),
+                rule: r.clone(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The codec and optimizer after the training rules.
+struct TrainingRules {
+    codec: CodecConfig,
+    optimizer: OptimizerConfig,
+    /// The sync's momentum correction, `(beta, nesterov)`, when on.
+    momentum_correction: Option<(f64, bool)>,
+    /// Each worker's own clip, `C / sqrt(N)`.
+    local_clip: Option<f64>,
+}
+
+/// The training rules of the papers applied to the codec and the optimizer (DGC owns the
+/// momentum, momentum correction, the clip's scope; `gradwire_run::resolve`), after `lr`
+/// overrides the optimizer's rate.
+fn training_rules(
+    codec: CodecConfig,
+    mut optimizer: OptimizerConfig,
+    lr: Option<f64>,
+    choices: gradwire_run::RuleChoices,
+    auto: bool,
+) -> Result<TrainingRules, PlanError> {
+    if let Some(lr) = lr {
+        optimizer.lr = lr;
+    }
+    if auto && choices.momentum == MomentumMode::On {
+        return Err(PlanError::MomentumWithAuto);
+    }
+    let view = gradwire_run::OptimizerView {
+        name: optimizer.to_string(),
+        is_sgd: matches!(optimizer.kind, OptimizerKind::Sgd { .. }),
+        sgd_momentum: optimizer.sgd_momentum(),
+        clip_norm: optimizer.clip_norm,
+    };
+    let resolved = gradwire_run::resolve(&codec, &view, choices)?;
+    if let gradwire_run::OptimizerMomentum::Corrected(m) = resolved.optimizer_momentum {
+        optimizer = optimizer.momentum_corrected(m);
+    }
+    optimizer.clip_norm = resolved.optimizer_clip;
+    Ok(TrainingRules {
+        codec: resolved.codec,
+        optimizer,
+        momentum_correction: resolved.momentum_correction,
+        local_clip: resolved.local_clip,
+    })
+}
+
+/// Where a run writes when no `--out` is given: `out/MODEL-DATASET-CODEC`.
+fn default_out(model: ModelKind, dataset: DatasetKind, codec: &CodecConfig) -> PathBuf {
+    PathBuf::from("out").join(format!(
+        "{}-{}-{}",
+        model.name(),
+        dataset.name(),
+        codec.name()
+    ))
+}
+
+/// `--codec auto`: this machine's calibration, the candidates (`--auto-codecs`, else the
+/// optimizer's defaults) and the cost model's choice for the plan's model, workers and link;
+/// the choice's rules join the plan's.
+fn choose_codec(
+    plan: &mut Plan,
+    auto_codecs: Option<&str>,
+    calibration: CalibrationSource<'_>,
+) -> Result<(), PlanError> {
+    let calibration = calibration().map_err(PlanError::Calibration)?;
+    let list = auto_codecs.unwrap_or_else(|| default_candidates(&plan.train.optimizer));
+    let candidates =
+        gradwire_sim::auto::candidates(list, &calibration).map_err(PlanError::Candidates)?;
+    let tensors = model_tensors(plan.model, plan.dataset)?;
+    let choice = gradwire_sim::auto::choose(
+        &tensors,
+        plan.workers,
+        plan.link.as_ref(),
+        plan.fusion_bytes,
+        &candidates,
+        &calibration,
+    )
+    .map_err(PlanError::Auto)?;
+    tracing::info!(
+        "--codec auto over {} at {} workers: {}",
+        choice.link,
+        plan.workers,
+        choice.summary()
+    );
+    plan.rules.extend(choice.rules().map_err(PlanError::Auto)?);
+    plan.codec_choice = Some(choice);
+    Ok(())
 }
 
 /// The optimizer a model trains well with here.

@@ -148,6 +148,10 @@ impl Mode<PsSync> for Table<'_> {
 /// One worker: trains against the shards; rank 0 (partition 0 of replica 0) reports.
 /// Returns the final parameters of a partition of replica 0 (for the whole model's
 /// `--save-params`), else `None`.
+///
+/// Longer than 120 lines on purpose: it sets up in the order the steps depend on (the data,
+/// the model or this rank's partition and its shards, the PS client, the trainer), runs the
+/// shared epoch loop, then writes the worker's summary; each step is a few lines.
 pub fn ps_worker(
     w: PsWorker,
     plan: &Plan,

@@ -181,6 +181,10 @@ impl Tcp {
     }
 
     /// Drives `out` (if any) and one received frame (if any) to completion.
+    ///
+    /// Longer than 120 lines on purpose: one poll loop drives both sides, and the order of
+    /// its steps (a whole frame before an abort notice, the deadline checked before a receive
+    /// spins, so a dead peer is named in time) is the point; it reads best as one loop.
     fn drive(&mut self, out: Option<Out<'_>>, recv: Option<(usize, Sink<'_, '_>)>) -> Result<()> {
         let mut sent = 0usize; // bytes of header + payload written
         let send_total = out.map_or(0, |o| o.len());

@@ -66,6 +66,10 @@ struct Batch {
 
 /// Runs Sandblaster L-BFGS as `plan` says, this process being the coordinator; the shards
 /// are the plan's, or `start_shards` starts them (stopped when the run ends).
+///
+/// Longer than 120 lines on purpose: the shards, the objective, the coordinator and its
+/// workers are set up in the order each needs the one before, then the epochs run; each
+/// step is a few lines.
 pub fn sandblaster(
     plan: &Plan,
     ps: &PsPlan,
