@@ -12,14 +12,14 @@ from pathlib import Path
 SRC = Path("crates/cli/src")  # entries may point into another crate: ../../ps/src/serve.rs
 # Subcommand -> (file, struct), in the order `gradwire --help` lists them.
 COMMANDS = [
-    ("launch", "launch.rs", "LaunchArgs"),
+    ("launch", "launch/mod.rs", "LaunchArgs"),
     ("check", "check.rs", "CheckArgs"),
     ("train", "train/args.rs", "TrainArgs"),
     ("report", "report.rs", "ReportArgs"),
-    ("bench allreduce", "bench_allreduce.rs", "AllreduceBenchArgs"),
-    ("bench codecs", "bench_codecs.rs", "CodecBenchArgs"),
-    ("bench engine", "bench_engine.rs", "EngineBenchArgs"),
-    ("bench ps", "bench_ps.rs", "PsBenchArgs"),
+    ("bench allreduce", "bench/allreduce.rs", "AllreduceBenchArgs"),
+    ("bench codecs", "bench/codecs.rs", "CodecBenchArgs"),
+    ("bench engine", "bench/engine.rs", "EngineBenchArgs"),
+    ("bench ps", "bench/ps.rs", "PsBenchArgs"),
     ("ps serve", "../../ps/src/serve.rs", "ServeArgs"),
     ("simulate", "simulate/args.rs", "SimulateArgs"),
     ("calibrate", "calibrate.rs", "CalibrateArgs"),
@@ -36,7 +36,7 @@ def consts():
     """String constants used as `help = ...` (e.g. gradwire_run::join::TRANSPORT_HELP), from
     the CLI's sources and the run-rules library's."""
     out = {}
-    for f in [*SRC.glob("*.rs"), *Path("crates/run/src").rglob("*.rs")]:
+    for f in [*SRC.rglob("*.rs"), *Path("crates/run/src").rglob("*.rs")]:
         for m in re.finditer(r'pub const (\w+): &str =\s*"((?:[^"\\]|\\.)*)";', f.read_text(), re.S):
             out[m.group(1)] = re.sub(r"\\\n\s*", "", m.group(2))
     return out

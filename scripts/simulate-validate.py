@@ -6,7 +6,7 @@ steps; the second epoch is measured, so start-up and the first step's set-up are
 two predictions from `gradwire simulate --calibrate --host-cores CORES`:
   A: everything measured by simulate itself: a whole training step of the P ranks measured
      on this machine without a link (P model copies stepping at once, each through the
-     engine with the codec, TCP on 127.0.0.1: crates/cli/src/simulate_host.rs), plus the
+     engine with the codec, TCP on 127.0.0.1: crates/cli/src/simulate/host.rs), plus the
      link's communication from the alpha-beta model (crates/sim/src/predict.rs);
   B: the run's own compute per step (--compute-ms, the ranks' mean, without the wait for the
      slowest) plus the modelled codec costs, scaled by max(1, P / CORES) since the P ranks
