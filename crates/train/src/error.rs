@@ -88,7 +88,9 @@ pub enum Error {
     #[error("cannot restore optimizer state: {0}")]
     State(String),
     /// The loss became NaN or infinite: training diverged (lower the learning rate).
-    #[error("training diverged at epoch {epoch} step {step}: loss {loss}")]
+    #[error(
+        "training diverged at epoch {epoch} step {step}: loss {loss}; lower the learning rate"
+    )]
     Diverged {
         /// 0-based epoch.
         epoch: u64,
