@@ -170,6 +170,15 @@ pub enum Error {
     /// ([`EngineState::from_bytes`](crate::EngineState::from_bytes)).
     #[error("engine state: {0}")]
     StateFormat(#[from] crate::StateFormatError),
+    /// [`Engine::all_reduce_encoded`](crate::Engine::all_reduce_encoded) refused a
+    /// pre-encoded submission before queueing it (the engine stays usable).
+    #[error("tensor '{tensor}': pre-encoded submission refused: {reason}")]
+    EncodedRefused {
+        /// The tensor named in the submission.
+        tensor: String,
+        /// Why.
+        reason: EncodedRefusal,
+    },
     /// Writing or reading a timeline file failed.
     #[error("timeline file {path}: {reason}")]
     Timeline {
@@ -178,6 +187,36 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+}
+
+/// Why [`Engine::all_reduce_encoded`](crate::Engine::all_reduce_encoded) refused a payload
+/// ([`Error::EncodedRefused`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodedRefusal {
+    /// The name is not a registered tensor's.
+    #[error("not a registered tensor")]
+    NotRegistered,
+    /// The tensor's strategy does not run a per-tensor encode (only `gather` and `sparse`
+    /// do).
+    #[error("its strategy '{0}' takes dense data only (payloads: gather and sparse)")]
+    Strategy(crate::Strategy),
+    /// The tensor belongs to a selection unit (`topk:scope=global` over several tensors):
+    /// one codec selects over all of them at once.
+    #[error("it belongs to a selection unit (topk scope=global over several tensors)")]
+    SelectionUnit,
+    /// The codec agrees on shared scalars in the round before it encodes (TernGrad), so a
+    /// payload made before the round cannot be the one the engine would have made.
+    #[error("codec '{0}' encodes with scalars agreed in the round")]
+    SharedScalars(String),
+    /// The engine's momentum correction runs on the dense data before its encode.
+    #[error("momentum correction is on (it runs on the dense data before the encode)")]
+    Momentum,
+    /// A sparse codec whose payload cannot be read back as its exact (index, value) pairs.
+    #[error("codec '{0}' under the sparse strategy: its payload does not give back its pairs")]
+    Unsupported(String),
+    /// The payload is not one the tensor's codec wrote for it (header or body).
+    #[error("bad payload: {0}")]
+    Payload(gradwire_codec::DecodeError),
 }
 
 impl Error {

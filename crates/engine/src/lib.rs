@@ -31,6 +31,10 @@
 //!   progress thread.
 //! - The timeline (Chrome trace per rank, [`merge_traces`]), straggler analysis and byte
 //!   accounting ([`EngineStats`]) measure it all.
+//! - A rank that encoded a gather or sparse tensor itself (on a GPU, with a codec built from
+//!   [`Engine::codec_context`]) submits the payload instead of the data
+//!   ([`Engine::all_reduce_encoded`]): checked whole before it is queued, then negotiated,
+//!   fused and reduced as the engine's own encode would be, bit for bit.
 //! - Between steps, [`Engine::save_state`] takes everything a rank carries from one step to
 //!   the next (codec and strategy states, momentum velocities, progress) as an
 //!   [`EngineState`] with a versioned, checksummed binary form ([`state`]), and
@@ -63,6 +67,7 @@
 pub mod bench;
 mod config;
 mod dense;
+mod encoded;
 mod error;
 pub mod fusion;
 mod handle;
@@ -98,7 +103,7 @@ pub use config::{
     tensor_seed, DenseAlgorithm, EngineConfig, HostConfig, LocalLink, MomentumConfig, Policy, Rule,
     Selector, Strategy, TensorSpec,
 };
-pub use error::{Error, Result};
+pub use error::{EncodedRefusal, Error, Result};
 /// The codecs the engine runs (spec strings, tensor roles), for callers that configure it.
 pub use gradwire_codec as codec;
 pub use gradwire_codec::TensorRole;
@@ -148,6 +153,9 @@ pub fn fuzz_state(buf: &[u8]) {
     }
 }
 
+#[cfg(fuzzing)]
+pub use encoded::fuzz_encoded_pairs;
+
 use worker::{lock, Queue, Shared, Submission, Worker};
 
 /// `topk:scope=global` (Aji & Heafield's one threshold over the whole gradient) selects over
@@ -190,6 +198,8 @@ pub struct Engine {
     next: AtomicUsize,
     policies: Vec<Policy>,
     hierarchy: Option<String>,
+    /// What [`Engine::all_reduce_encoded`] needs per registered tensor.
+    encoded: encoded::Table,
 }
 
 impl std::fmt::Debug for Engine {
@@ -252,6 +262,7 @@ impl Engine {
             .map(|(id, d)| (d.name.clone(), id))
             .collect();
         let hierarchy = hosts.as_ref().map(dense::HostLinks::describe);
+        let encoded = encoded::Table::new(&policies, &config, rank, world);
         let w = Worker::new(t, shared.clone(), config, &policies, hosts);
         *lock(&shared.worker) = Some(w);
         let s = shared.clone();
@@ -272,6 +283,7 @@ impl Engine {
             next: AtomicUsize::new(0),
             policies,
             hierarchy,
+            encoded,
         })
     }
 
@@ -300,7 +312,8 @@ impl Engine {
     /// strategy and momentum correction; an unregistered name: dense, exact, no momentum).
     /// `data` must have the registered shape's length.
     pub fn all_reduce(&self, name: &str, data: Vec<f32>) -> Handle {
-        self.submit_many(vec![(self.all_reduce_descriptor(name, data.len()), data)])
+        let target = self.all_reduce_descriptor(name, data.len());
+        self.submit_many(vec![(target, data, None)])
             .pop()
             .expect("one handle")
     }
@@ -327,11 +340,14 @@ impl Engine {
         &self,
         tensors: impl IntoIterator<Item = (N, Vec<f32>)>,
     ) -> Vec<Handle> {
-        self.submit_many(
-            tensors
-                .into_iter()
-                .map(|(name, data)| (self.all_reduce_descriptor(name.as_ref(), data.len()), data)),
-        )
+        let item = |(name, data): (N, Vec<f32>)| {
+            (
+                self.all_reduce_descriptor(name.as_ref(), data.len()),
+                data,
+                None,
+            )
+        };
+        self.submit_many(tensors.into_iter().map(item))
     }
 
     /// Says that this burst of submissions is complete (e.g. backward is done) and wakes the
@@ -434,14 +450,14 @@ impl Engine {
     }
 
     fn submit(&self, desc: Arc<Descriptor>, data: Vec<f32>) -> Handle {
-        self.submit_many(vec![(Ok(Target::new(desc)), data)])
+        self.submit_many(vec![(Ok(Target::new(desc)), data, None)])
             .pop()
             .expect("one handle")
     }
 
     fn submit_many(
         &self,
-        items: impl IntoIterator<Item = (Result<Target>, Vec<f32>)>,
+        items: impl IntoIterator<Item = (Result<Target>, Vec<f32>, Option<encoded::Encoded>)>,
     ) -> Vec<Handle> {
         let mut q = lock(&self.shared.queue);
         // Submitting wakes no thread (see `Shared::wait_for_work`): a waiter or a flush
@@ -451,7 +467,7 @@ impl Engine {
         let ready_us = now_us();
         let handles = items
             .into_iter()
-            .map(|(target, data)| {
+            .map(|(target, data, encoded)| {
                 let Target { desc, name, id } = match target {
                     Ok(t) => t,
                     Err(e) => {
@@ -476,6 +492,7 @@ impl Engine {
                         desc,
                         id,
                         data,
+                        encoded,
                         slot,
                         ready_us,
                         progress,

@@ -143,6 +143,7 @@ mod tests {
             }),
             id: None,
             data: vec![x],
+            encoded: None,
             slot,
             ready_us: 0,
             progress: Default::default(),

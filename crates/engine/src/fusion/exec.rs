@@ -9,6 +9,7 @@ use gradwire_transport::Transport;
 use super::pack::{fuse_into, mean, split_all, sum_pairs_into, unfuse_from};
 use super::{Clock, Item, Kind};
 use crate::config::{DenseAlgorithm, MomentumConfig};
+use crate::encoded::Encoded;
 use crate::error::{Error, Result};
 use crate::timeline::Phase;
 
@@ -89,6 +90,11 @@ impl Exec {
         clock: &mut Clock,
     ) -> Result<()> {
         let kind = items[0].state.kind;
+        debug_assert!(
+            matches!(kind, Kind::Gather | Kind::Sparse)
+                || items.iter().all(|it| it.encoded.is_none()),
+            "pre-encoded submissions are admitted under gather and sparse only"
+        );
         if !matches!(kind, Kind::AllGather | Kind::Broadcast(_) | Kind::Barrier) {
             if let Some(m) = momentum {
                 for it in items.iter_mut() {
@@ -254,6 +260,13 @@ impl Exec {
         }
         self.message.clear();
         for it in items.iter_mut() {
+            if let Some(Encoded::Payload(p)) = it.encoded {
+                // Pre-encoded here (momentum is off, so nothing to mask).
+                self.message
+                    .extend_from_slice(&(p.len() as u32).to_le_bytes());
+                self.message.extend_from_slice(p);
+                continue;
+            }
             let codec = it.state.codec.as_mut().expect("gather codec");
             codec.encode(it.data, &mut self.payload);
             if let (true, Some(u)) = (mask && codec.id().sparsifies(), &mut it.state.velocity) {
@@ -295,15 +308,22 @@ impl Exec {
         self.fused_pairs.clear();
         let mut off = 0u32;
         for it in items.iter_mut() {
-            let codec = it.state.codec.as_mut().expect("sparse codec");
-            let Some(codec) = codec.sparse_encode() else {
-                return Err(not_sparsifying());
+            let pairs = match it.encoded {
+                // Pre-encoded here (momentum is off, so nothing to mask).
+                Some(Encoded::Pairs(p)) => p,
+                _ => {
+                    let codec = it.state.codec.as_mut().expect("sparse codec");
+                    let Some(codec) = codec.sparse_encode() else {
+                        return Err(not_sparsifying());
+                    };
+                    self.pairs.clear();
+                    codec.encode_sparse(it.data, &mut self.pairs);
+                    &self.pairs
+                }
             };
-            self.pairs.clear();
-            codec.encode_sparse(it.data, &mut self.pairs);
             if let (true, Some(u)) = (mask, &mut it.state.velocity) {
                 // Momentum factor masking: zero u at the sent indices.
-                for &i in &self.pairs.indices {
+                for &i in &pairs.indices {
                     if let Some(u) = u.get_mut(i as usize) {
                         *u = 0.0;
                     }
@@ -311,10 +331,8 @@ impl Exec {
             }
             self.fused_pairs
                 .indices
-                .extend(self.pairs.indices.iter().map(|i| i + off));
-            self.fused_pairs
-                .values
-                .extend_from_slice(&self.pairs.values);
+                .extend(pairs.indices.iter().map(|i| i + off));
+            self.fused_pairs.values.extend_from_slice(&pairs.values);
             off += it.data.len() as u32;
         }
         clock.mark(Phase::Encode);

@@ -17,6 +17,9 @@
 //!   space. Each index's sum has the same operands in the same recursive-doubling order as
 //!   unfused (the dense switch changes the encoding, not the arithmetic; `x + 0.0 == x` except
 //!   for `-0.0`).
+//! - *pre-encoded* submissions ([`crate::Engine::all_reduce_encoded`], gather and sparse
+//!   only): the rank's payload takes the place of its encode under gather, the pairs read
+//!   back from it the place of its `encode_sparse` under sparse; the rest is as above.
 //! - *selection units* (`topk:scope=global` under sparse or gather): the unit's tensors are
 //!   always one group, whatever `fusion_bytes` says, and one codec selects over their
 //!   concatenation (the unit's definition, not an optimization: there is no unfused form).

@@ -51,5 +51,9 @@ pub(crate) struct TensorState {
 pub(crate) struct Item<'a> {
     pub state: &'a mut TensorState,
     pub data: &'a mut Vec<f32>,
+    /// This rank's payload or pairs when it submitted the tensor pre-encoded (`data` is then
+    /// zeros): used instead of encoding `data`, and the codec's state is left as it is.
+    /// Only under [`Kind::Gather`] and [`Kind::Sparse`].
+    pub encoded: Option<&'a crate::encoded::Encoded>,
     pub progress: gradwire_codec::Progress,
 }

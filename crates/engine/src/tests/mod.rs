@@ -3,6 +3,7 @@
 
 mod accounting;
 mod codecs;
+mod encoded;
 mod hosts;
 mod negotiation;
 mod shapes;

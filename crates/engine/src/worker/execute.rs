@@ -85,6 +85,7 @@ impl Worker {
                     items.push(Item {
                         state,
                         data: &mut s.data,
+                        encoded: s.encoded.as_ref(),
                         progress: s.progress,
                     });
                 }

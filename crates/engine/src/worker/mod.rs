@@ -125,7 +125,7 @@ use failure::fail;
 use negotiate::SPEC_MAX_BYTES;
 use pieces::Spares;
 pub(crate) use snapshot::LoadMode;
-pub(crate) use strategy::selection_units;
+pub(crate) use strategy::{selection_units, tensor_context};
 
 /// One submitted operation, waiting in the queue or pending negotiation.
 pub(crate) struct Submission {
@@ -133,7 +133,12 @@ pub(crate) struct Submission {
     /// The tensor's cache id when known at submission (a registered tensor's), else found
     /// by name when the round takes it.
     pub id: Option<usize>,
+    /// The dense data; for a pre-encoded submission, zeros of the tensor's length (the
+    /// result's buffer).
     pub data: Vec<f32>,
+    /// A pre-encoded submission's payload or pairs ([`crate::Engine::all_reduce_encoded`]),
+    /// used in place of the engine's own encode of `data`.
+    pub encoded: Option<crate::encoded::Encoded>,
     pub slot: Arc<Slot>,
     pub ready_us: u64,
     pub progress: Progress,

@@ -51,13 +51,28 @@ pub(crate) fn selection_units(policies: &[Policy]) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// The context registered tensor `index` (policy `p`) builds its codec with on `rank` of
+/// `world`, for an engine seeded `seed`: the tensor's seed, its length as the layout, its
+/// shape and role. The gather and sparse strategies build their codec with it, and
+/// [`crate::Engine::codec_context`] hands it out.
+pub(crate) fn tensor_context(
+    seed: u64,
+    index: usize,
+    rank: usize,
+    world: usize,
+    p: &Policy,
+) -> BuildContext {
+    let seed = tensor_seed(seed, index);
+    BuildContext::new(seed, rank, world, vec![p.tensor.len()]).with_tensors(vec![p.tensor.info()])
+}
+
 impl Worker {
     pub(super) fn build_state(&self, index: usize, p: &Policy) -> TensorState {
         let len = p.tensor.len();
         let (rank, world) = (self.rank, self.world);
         let seed = tensor_seed(self.cfg.seed, index);
         let info = p.tensor.info();
-        let ctx = BuildContext::new(seed, rank, world, vec![len]).with_tensors(vec![info.clone()]);
+        let ctx = tensor_context(self.cfg.seed, index, rank, world, p);
         let mut state = TensorState {
             kind: Kind::Dense,
             codec: None,
