@@ -7,10 +7,13 @@
 //! Buffers cross as `(address, element count)` of contiguous `float32` memory that the
 //! Python side checked and keeps alive until the operation completes (`gradwire/_buffers.py`):
 //! no Python-side copy, one copy in Rust into the engine's buffer and one back into the
-//! tensor. The GIL is released while the engine works or waits.
+//! tensor. CUDA tensors cross as `(device address, element count, stream, device)` and go
+//! through pinned host buffers, the copies queued on the caller's stream ([`device`]). The
+//! GIL is released while the engine works or waits.
 
 mod buffer;
 mod codec;
+mod device;
 mod elastic;
 mod error;
 mod handle;

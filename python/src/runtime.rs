@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gradwire_engine::{Engine, EngineConfig, MomentumConfig, Phase, Rule, Strategy, TensorSpec};
+use gradwire_gpu::staged::{DevicePtr, RawStream};
 use gradwire_run::join::{self, TransportKind};
 use gradwire_transport::Transport;
 use pyo3::exceptions::PyValueError;
@@ -23,6 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffer;
+use crate::device::Devices;
 use crate::elastic::Membership;
 use crate::error::{raise, raise_in, GradwireError};
 use crate::handle::Handle;
@@ -67,6 +69,8 @@ pub struct Runtime {
     state: Mutex<State>,
     /// The elastic job's membership (`None` when not launched elastic).
     elastic: Mutex<Option<Membership>>,
+    /// The stager of CUDA tensors, once one arrived.
+    devices: Devices,
 }
 
 impl Runtime {
@@ -113,6 +117,8 @@ impl Runtime {
                 "gradwire is shut down ({why}): call init() again in a new process"
             ))),
             State::Running(mut e) => {
+                // The stager holds the engine until it stops.
+                self.devices.reset();
                 // Submitters hold clones only for the length of a call.
                 let engine = loop {
                     match Arc::try_unwrap(e) {
@@ -184,6 +190,7 @@ impl Runtime {
             transport,
             state: Mutex::new(State::Idle(t)),
             elastic: Mutex::new(elastic),
+            devices: Devices::default(),
         }
     }
 }
@@ -429,6 +436,73 @@ impl Runtime {
         Ok(Handle::new(engine.all_reduce(name, data)))
     }
 
+    /// [`Runtime::allreduce`] of a CUDA tensor: the `numel` floats at device address `addr`
+    /// on GPU `device`, produced by the work queued on `stream` (a `CUstream`; 0 is the
+    /// default stream). Returns at once, before the GPU has produced them.
+    #[pyo3(signature = (name, addr, numel, stream, device, prescale = 1.0))]
+    // The arguments are the Python call's, one per field of the tensor.
+    #[allow(clippy::too_many_arguments)]
+    fn allreduce_device(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: usize,
+        numel: usize,
+        stream: usize,
+        device: usize,
+        prescale: f32,
+    ) -> PyResult<Handle> {
+        let engine = self.engine(py)?;
+        let stager = self.devices.stager(&engine, device)?;
+        // SAFETY: the Python side passes a live contiguous float32 CUDA tensor of `numel`
+        // on `device` and keeps it referenced, unwritten, until the handle is waited on.
+        let staged = unsafe {
+            stager.all_reduce(
+                name,
+                DevicePtr(addr as u64),
+                numel,
+                RawStream(stream as u64),
+                prescale,
+            )
+        }
+        .map_err(|e| raise_in(&format!("tensor {name:?}"), &e))?;
+        Ok(Handle::device(staged))
+    }
+
+    /// [`Runtime::broadcast`] of a CUDA tensor (as in [`Runtime::allreduce_device`]).
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast_device(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: usize,
+        numel: usize,
+        stream: usize,
+        device: usize,
+        root: usize,
+    ) -> PyResult<Handle> {
+        let world = self.world.load(Ordering::Relaxed);
+        if root >= world {
+            return Err(PyValueError::new_err(format!(
+                "root rank {root} is out of range for {world} ranks"
+            )));
+        }
+        let engine = self.engine(py)?;
+        let stager = self.devices.stager(&engine, device)?;
+        // SAFETY: as in `allreduce_device`.
+        let staged = unsafe {
+            stager.broadcast(
+                name,
+                DevicePtr(addr as u64),
+                numel,
+                RawStream(stream as u64),
+                root,
+            )
+        }
+        .map_err(|e| raise_in(&format!("tensor {name:?}"), &e))?;
+        Ok(Handle::device(staged))
+    }
+
     /// Submits the concatenation in rank order of every rank's `numel` floats at `addr`.
     fn allgather(&self, py: Python<'_>, name: &str, addr: usize, numel: usize) -> PyResult<Handle> {
         let engine = self.engine(py)?;
@@ -468,6 +542,7 @@ impl Runtime {
         if let State::Running(e) = &*self.lock() {
             e.flush();
         }
+        self.devices.flush();
     }
 
     /// Where training is (DGC's warm-up, the codecs' RNG streams, bytes per step).
@@ -523,6 +598,20 @@ impl Runtime {
         let refs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
         gradwire_engine::merge_traces(&refs, &out)
             .map_err(|e| raise_in(&format!("merging into {}", out.display()), &e))
+    }
+
+    /// What went from the GPU to the host for CUDA tensors: `staged` tensors copied down
+    /// whole (`staged_bytes`), `encoded` tensors compressed on the GPU (`encoded_bytes`
+    /// dense, of which only `payload_bytes` came to the host).
+    fn device_copies<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.devices.stats();
+        let d = PyDict::new(py);
+        d.set_item("staged", st.staged)?;
+        d.set_item("staged_bytes", st.staged_bytes)?;
+        d.set_item("encoded", st.encoded)?;
+        d.set_item("encoded_bytes", st.encoded_bytes)?;
+        d.set_item("payload_bytes", st.payload_bytes)?;
+        Ok(d)
     }
 
     /// This rank's byte counters: `raw_bytes`, `wire_bytes` (all-reduce), `negotiation_bytes`,

@@ -125,6 +125,60 @@ def gw_allreduce(out):
     gw.shutdown()
 
 
+# ---- CUDA tensors: the model on the GPU, its gradients reduced from device memory
+
+
+def cuda(out, codec="none", steps=STEPS):
+    """On a machine with a GPU: the MLP trained on it through DistributedOptimizer (the
+    gradients submitted as device pointers on the current stream), an in-place all-reduce
+    and a broadcast of CUDA tensors. Without one: the refusals a user would meet."""
+    import gradwire.torch as gw
+    from gradwire import GradwireError
+
+    gw.init()
+    rank, world = gw.rank(), gw.size()
+    if not torch.cuda.is_available():
+        checks = {}
+        try:
+            gw.allreduce(torch.ones(4, device="meta"), name="meta")
+        except ValueError as e:
+            checks["meta"] = str(e)
+        rt = gw._runtime.runtime()
+        try:
+            rt.allreduce_device("nodriver", 0x1000, 4, 0, 0)
+        except GradwireError as e:
+            checks["nodriver"] = str(e)
+        save(out, f"cuda-rank{rank}.pt", {"cuda": False, "checks": checks})
+        gw.shutdown()
+        return
+    dev = torch.device("cuda", gw.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    # An all-reduce and a broadcast of CUDA tensors against sums computed here.
+    t = torch.arange(1000, dtype=torch.float32, device=dev) * (rank + 1)
+    gw.allreduce_(t, name="cuda.sum", op=gw.Sum)
+    want = torch.arange(1000, dtype=torch.float32) * sum(r + 1 for r in range(world))
+    b = torch.full((77,), float(rank), device=dev)
+    gw.broadcast_(b, root_rank=world - 1, name="cuda.bcast")
+    m = model().to(dev)
+    gw.broadcast_parameters(m.state_dict(), root_rank=0)
+    opt = gw.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM),
+                                  named_parameters=m.named_parameters(), codec=codec,
+                                  steps_per_epoch=10)
+    losses = []
+    for step in range(int(steps)):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x.to(dev)), y.to(dev))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    save(out, f"cuda-rank{rank}.pt", {
+        "cuda": True, "sum_ok": torch.equal(t.cpu(), want),
+        "bcast_ok": torch.equal(b.cpu(), torch.full((77,), float(world - 1))),
+        "params": flat(m).cpu(), "losses": losses, "bytes": gw.bytes_sent()})
+    gw.shutdown()
+
+
 # ---- saving and resuming: engine state (codec residuals, DGC's velocity and warm-up) with
 # the model and the optimizer
 

@@ -515,6 +515,11 @@ impl Engine {
         lock(&self.shared.queue).progress = Progress { step, epoch };
     }
 
+    /// The progress last given to [`Engine::set_progress`] (what a submission now carries).
+    pub fn progress(&self) -> Progress {
+        lock(&self.shared.queue).progress
+    }
+
     /// This rank's synchronization state, for a training that stops to resume bit for bit
     /// ([`Engine::load_state`] on a fresh engine with the same registrations): per
     /// registered tensor, in registration order, its codec's or strategy's state (residuals,

@@ -30,6 +30,12 @@ pub enum Error {
         /// The given length.
         got: usize,
     },
+    /// The engine failed the operation (a dead peer, a mismatched tensor: named).
+    #[error(transparent)]
+    Engine(#[from] gradwire_engine::Error),
+    /// The staged path's own thread failed.
+    #[error("the device stager: {0}")]
+    Stager(String),
     /// The collective over the host transport failed.
     #[error(transparent)]
     Collective(#[from] gradwire_collective::Error),

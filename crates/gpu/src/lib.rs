@@ -6,7 +6,9 @@
 //! the device itself ([`device::Device`]: cudarc with dynamic loading, kernels compiled at
 //! run time by NVRTC), codecs whose input stays on the device and whose payloads are
 //! byte-identical to `gradwire-codec`'s ([`codec`]), and the host-transfer all-reduce
-//! ([`allreduce::HostTransfer`]) whose chunk schedule is [`pipeline`].
+//! ([`allreduce::HostTransfer`]) whose chunk schedule is [`pipeline`]; and [`staged`], which
+//! submits device tensors to `gradwire-engine` on their producer's stream (copied down
+//! whole, or encoded on the device by those codecs so only payloads come to the host).
 //!
 //! Without the feature the crate builds its CPU-side logic only (plans, schedule, kernel
 //! source), so the default build never needs CUDA. With it, `cargo build --features cuda`
@@ -36,6 +38,7 @@ mod error;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;
+pub mod staged;
 
 #[cfg(feature = "cuda")]
 pub mod allreduce;

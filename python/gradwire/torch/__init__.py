@@ -13,6 +13,12 @@
 DDP scripts keep DDP and add a comm hook:
 ``ddp.register_comm_hook(None, gw.comm_hook(codec="powersgd:rank=2"))``.
 
+CUDA tensors are reduced from device memory, never copied in Python: each gradient's copy to
+pinned host memory is queued on the current stream after the kernels that produce it, and the
+result's copy back on the stream current at ``synchronize``/``step``, so the host never waits
+for the GPU. Codecs with a GPU twin (DGC, top-k, QSGD, TernGrad, 1-bit SGD, fp16) encode on
+the GPU and only their payloads come to the host (:func:`device_copies` counts both).
+
 Elastic training (ranks lost and admitted while training) follows Horovod Elastic:
 ``gw.elastic.run`` and ``gw.elastic.TorchState`` under ``gradwire launch --elastic MIN:MAX``
 (see :mod:`gradwire.torch.elastic`).
@@ -66,6 +72,14 @@ def bytes_sent():
     return _rt().bytes()
 
 
+def device_copies():
+    """What went from the GPU to the host for CUDA tensors: ``{"staged", "staged_bytes"}``
+    (tensors copied down whole, and their bytes), ``{"encoded", "encoded_bytes",
+    "payload_bytes"}`` (tensors compressed on the GPU, their dense bytes, which stayed
+    there, and the payloads' bytes, which came to the host)."""
+    return _rt().device_copies()
+
+
 def policies():
     """``{name: "codec@strategy"}`` of every tensor registered with the engine."""
     return dict(_rt().policies())
@@ -73,7 +87,7 @@ def policies():
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "transport", "bytes_sent", "policies", "GradwireError", "Average", "Sum", "allreduce",
+    "transport", "bytes_sent", "device_copies", "policies", "GradwireError", "Average", "Sum", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
     "broadcast_parameters", "broadcast_optimizer_state", "barrier", "poll", "synchronize",

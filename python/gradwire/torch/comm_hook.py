@@ -11,14 +11,16 @@ compressed, with error feedback and the codec's state per tensor. ``codec="none"
 registers: every bucket is averaged dense, as DDP's default hook does.
 
 The returned ``torch.futures.Future`` is completed by a waiter thread once the engine has
-reduced the bucket (or set to the engine's error, naming the rank or tensor)."""
+reduced the bucket (or set to the engine's error, naming the rank or tensor). CUDA buckets
+stay on the GPU: their copies to and from pinned host memory are queued on the stream the
+hook was called on, so DDP's work after the future reads the reduced bucket."""
 
 import queue
 import threading
 
 import torch
 
-from . import _runtime
+from . import _buffers, _runtime
 
 
 class _Waiter:
@@ -34,10 +36,10 @@ class _Waiter:
             item = self.q.get()
             if item is None:
                 return
-            fut, buffer, parts = item
+            fut, buffer, stream, parts = item
             try:
-                for h, addr, numel in parts:
-                    h.wait_into(addr, numel, 1.0)
+                for h, buf in parts:
+                    _buffers.wait_into(h, buf, 1.0, stream)
                 fut.set_result(buffer)
             except Exception as e:  # the engine's error, for DDP to raise in backward
                 fut.set_exception(e)
@@ -84,24 +86,25 @@ class GradwireHook:
         shapes = [list(g.shape) for g in grads]
         self.layout[index] = shapes
         buffer = bucket.buffer()
-        if buffer.dtype != torch.float32 or buffer.device.type != "cpu":
-            raise TypeError(f"gradwire's comm hook reduces float32 CPU buckets, not "
+        if buffer.dtype != torch.float32 or buffer.device.type not in ("cpu", "cuda"):
+            raise TypeError(f"gradwire's comm hook reduces float32 CPU or CUDA buckets, not "
                             f"{buffer.dtype} on {buffer.device}")
+        stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
         fut = torch.futures.Future()
         if self.registered is not None and self.registered.get(index) == shapes:
             parts = []
             for j, g in enumerate(grads):
                 if not g.is_contiguous():
                     raise TypeError("a bucket's gradient view is not contiguous")
-                h = rt.allreduce(f"ddp.b{index}.{j}", g.data_ptr(), g.numel(), 1.0)
-                parts.append((h, g.data_ptr(), g.numel()))
+                buf = _buffers.Buffer(g)
+                parts.append((_buffers.submit_allreduce(rt, f"ddp.b{index}.{j}", buf, 1.0), buf))
             if bucket.is_last():
                 rt.flush()
         else:
             name = f"ddp.dense.b{index}.{buffer.numel()}"
-            h = rt.allreduce(name, buffer.data_ptr(), buffer.numel(), 1.0)
-            parts = [(h, buffer.data_ptr(), buffer.numel())]
-        self.waiter.q.put((fut, buffer, parts))
+            buf = _buffers.Buffer(buffer)
+            parts = [(_buffers.submit_allreduce(rt, name, buf, 1.0), buf)]
+        self.waiter.q.put((fut, buffer, stream, parts))
         return fut
 
 

@@ -9,7 +9,7 @@ import pickle
 import torch
 
 from . import _runtime
-from ._buffers import Buffer
+from ._buffers import Buffer, submit_allreduce, wait_into
 
 Average = "average"
 """All-reduce op: the mean over ranks (Horovod's ``hvd.Average``)."""
@@ -48,7 +48,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = _op(op, average)
     name = name or _runtime.auto_name("allreduce")
     buf = Buffer(tensor)
-    h = rt.allreduce(name, buf.addr, buf.numel, float(prescale_factor))
+    h = submit_allreduce(rt, name, buf, prescale_factor)
     post = float(postscale_factor) * (rt.size if op == Sum else 1.0)
     return _Pending(h, buf, post)
 
@@ -62,10 +62,12 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allgather_async(tensor, name=None):
     """Starts an all-gather: the result concatenates every rank's ``tensor`` along the first
-    dimension, in rank order (the first dimension may differ between ranks)."""
+    dimension, in rank order (the first dimension may differ between ranks). A CUDA tensor
+    is gathered through a host copy and the result comes back to its device."""
     rt = _runtime.runtime()
     name = name or _runtime.auto_name("allgather")
-    buf = Buffer(tensor)
+    buf = Buffer(tensor.detach().cpu() if tensor.device.type == "cuda" else tensor)
+    buf.tensor = tensor
     h = rt.allgather(name, buf.addr, buf.numel)
     return _Pending(h, buf, kind="gather", shape=tuple(tensor.shape[1:]))
 
@@ -75,7 +77,11 @@ def broadcast_async_(tensor, root_rank, name=None):
     rt = _runtime.runtime()
     name = name or _runtime.auto_name("broadcast")
     buf = Buffer(tensor)
-    h = rt.broadcast(name, buf.addr, buf.numel, int(root_rank))
+    if buf.on_gpu:
+        h = rt.broadcast_device(name, buf.addr, buf.numel, buf.stream, buf.device,
+                                int(root_rank))
+    else:
+        h = rt.broadcast(name, buf.addr, buf.numel, int(root_rank))
     return _Pending(h, buf)
 
 
@@ -97,9 +103,9 @@ def synchronize(handle):
         flat = torch.frombuffer(bytearray(raw), dtype=torch.float32)
         out = handle.out.tensor
         rows = flat.view(-1, *handle.shape) if handle.shape else flat
-        return rows.to(out.dtype)
+        return rows.to(device=out.device, dtype=out.dtype)
     buf = handle.out
-    handle.handle.wait_into(buf.addr, buf.numel, handle.scale)
+    wait_into(handle.handle, buf, handle.scale)
     return buf.finish()
 
 

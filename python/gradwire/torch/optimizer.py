@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from . import _runtime
+from . import _buffers, _runtime
 from .ops import Average, Sum
 
 # The codec used for Horovod's ``compression=`` values.
@@ -130,12 +130,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         g = p.grad
-        if g.is_sparse or g.dtype != torch.float32 or not g.is_contiguous() or g.device.type != "cpu":
+        if g.is_sparse or g.dtype != torch.float32 or not g.is_contiguous() or \
+                g.device.type not in ("cpu", "cuda"):
             raise TypeError(
-                f"{self._names[p]}: gradwire reduces dense contiguous float32 CPU gradients, "
-                f"this one is {g.dtype} on {g.device}")
-        self._handles[p] = self._rt.allreduce(self._names[p], g.data_ptr(), g.numel(),
-                                              1.0 / self._predivide)
+                f"{self._names[p]}: gradwire reduces dense contiguous float32 gradients on the "
+                f"CPU or a CUDA device, this one is {g.dtype} on {g.device}")
+        buf = _buffers.Buffer(g)
+        h = _buffers.submit_allreduce(self._rt, self._names[p], buf, 1.0 / self._predivide)
+        self._handles[p] = (h, g)
 
     def synchronize(self):
         """Waits for every gradient of this step (submitting, as zeros, those of parameters
@@ -148,9 +150,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         last_us = _now()
         scale = self._predivide * (self._rt.size if self._op == Sum else 1.0)
         try:
-            for p, h in self._handles.items():
-                g = p.grad
-                h.wait_into(g.data_ptr(), g.numel(), scale)
+            for p, (h, g) in self._handles.items():
+                _buffers.wait_into(h, _buffers.Buffer(g), scale)
         finally:
             if self._first_hook_us is not None:
                 self._rt.record_span("backward", "backward", self._first_hook_us, last_us)
