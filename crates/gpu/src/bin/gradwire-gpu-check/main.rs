@@ -10,7 +10,10 @@
 //!    memory, pipelined and not, checked against the exact reference sum, with its time
 //!    split;
 //! 4. training on the GPU with DGC (`--fashion-mnist DIR`): 2 ranks, an MLP, the sparse
-//!    all-reduce, test accuracy per epoch.
+//!    all-reduce, test accuracy per epoch;
+//! 5. device tensors through the engine (`staged`): DGC, QSGD and a dense tensor copied down
+//!    whole and encoded on the device, each bit for bit against the same engines fed from
+//!    host memory, with what came to the host.
 //!
 //! `gradwire-gpu-check --help` lists the options.
 
@@ -21,18 +24,20 @@ mod allreduce;
 mod bench;
 mod codecs;
 mod ranks;
+mod staged;
 mod train;
 
 pub(crate) type R<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The GPU checks of gradwire's `cuda` feature, as one JSON report.
 ///
-/// Exit status: 0 when every device codec wrote its CPU twin's bytes, 1 otherwise, 2 when no
+/// Exit status: 0 when every device codec wrote its CPU twin's bytes (and the staged device
+/// tensors gave the host submissions' results), 1 otherwise, 2 when no
 /// GPU or NVRTC could be opened.
 #[derive(Debug, clap::Parser)]
 #[command(name = "gradwire-gpu-check", version)]
 struct Args {
-    /// Run only these parts (comma-separated): codecs, bench, allreduce, train.
+    /// Run only these parts (comma-separated): codecs, bench, allreduce, train, staged.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Read the benchmark buffers g25m.f32 and g100m.f32 from DIR (written by
@@ -90,6 +95,11 @@ fn main() {
             report["train"] = train::train(&dev, std::path::Path::new(dir), quick)
                 .unwrap_or_else(|e| json!({"error": e.to_string()}));
         }
+    }
+    if wants("staged") {
+        let v = staged::staged(&dev, quick).unwrap_or_else(|e| json!({"error": e.to_string()}));
+        ok &= v["all_equal"] == json!(true);
+        report["staged"] = v;
     }
     let text = serde_json::to_string_pretty(&report).expect("json");
     match &args.out {
