@@ -65,8 +65,8 @@
 use std::fmt;
 
 use crate::sparse::{
-    decode_sparse_add, finish_sampled, fit, k_for, key, write_selection, ThresholdEstimate,
-    ValueFormat,
+    decode_sparse_add, decode_sparse_pairs, finish_sampled, fit, k_for, key, write_selection,
+    ThresholdEstimate, ValueFormat,
 };
 use crate::{
     segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
@@ -420,6 +420,15 @@ impl Codec for Dgc {
 impl SparseEncode for Dgc {
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         self.select(grad, out);
+    }
+
+    fn decode_pairs(
+        &mut self,
+        payload: &[u8],
+        n: usize,
+        out: &mut SparseGrad,
+    ) -> Result<(), DecodeError> {
+        decode_sparse_pairs(payload, CodecId::Dgc, n, out)
     }
 }
 

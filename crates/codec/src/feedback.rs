@@ -205,6 +205,20 @@ impl<C: Codec> SparseEncode for ErrorFeedback<C> {
             }
         }
     }
+
+    /// The inner codec's: the wrapper's payload and pairs are the inner codec's of
+    /// `grad + residual`. Without an inner sparse form, the trait's default error.
+    fn decode_pairs(
+        &mut self,
+        payload: &[u8],
+        n: usize,
+        out: &mut SparseGrad,
+    ) -> Result<(), DecodeError> {
+        match self.inner.sparse_encode() {
+            Some(inner) => inner.decode_pairs(payload, n, out),
+            None => crate::no_pairs(out),
+        }
+    }
 }
 
 /// Forwards to the inner codec's [`SharedScalars`], computing its scalars from

@@ -89,6 +89,11 @@ pub use qsgd::{Qsgd, QsgdCoding, QsgdConfig, QsgdNorm};
 pub use randomk::{RandomK, RandomKConfig};
 pub use rng::StepRng;
 pub use signsgd::{SignSgd, SignSgdConfig};
+/// Fuzzing entry: reads its input as a payload of one of the sparse codecs and checks their
+/// [`SparseEncode::decode_pairs`] against their own `decode_add` (never a panic).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub use sparse::fuzz_decode_pairs;
 pub use sparse::ValueFormat;
 pub use state::{StateReader, StateWriter};
 pub use terngrad::{TernGrad, TernGradConfig};
@@ -365,13 +370,45 @@ impl Caps {
 }
 
 /// A codec's (index, value) form, for the sparse all-reduce, which merges indices as it
-/// reduces instead of gathering payloads. Implemented by the sparsifiers (top-k, threshold,
-/// random-k, DGC), which return it from [`Codec::sparse_encode`].
+/// reduces instead of gathering payloads, and the reading of its payloads back into that
+/// form (a payload encoded elsewhere, summed by the sparse all-reduce). Implemented by the
+/// sparsifiers (top-k, threshold, random-k, DGC), which return it from
+/// [`Codec::sparse_encode`].
 pub trait SparseEncode {
     /// Selects this step's (index, value) pairs into `out` (cleared first) exactly as
     /// [`Codec::encode`] would (advancing the same state): the values are what `decode_add`
     /// of `encode`'s payload would add.
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad);
+
+    /// The pairs `encode_sparse` gave for the step whose `encode` wrote `payload` (`n`
+    /// elements), into `out` (cleared first): exactly, values bit for bit, a kept 0.0
+    /// included. Validates everything first (on an error `out` is left empty); typed errors,
+    /// never a panic; allocates at most one pair per element. Reads the payload with the
+    /// codec's own parser and changes no state (`&mut self` only because
+    /// [`Codec::sparse_encode`] hands the capability out that way). A gradient of more than
+    /// `u32::MAX` elements, which no sparse encode takes, is refused.
+    ///
+    /// Default: a [`DecodeError::InvalidField`] error (`field` "codec"), for a sparse form
+    /// whose payloads do not give its pairs back; every sparsifier of this crate reads them.
+    fn decode_pairs(
+        &mut self,
+        payload: &[u8],
+        n: usize,
+        out: &mut SparseGrad,
+    ) -> Result<(), DecodeError> {
+        let _ = (payload, n);
+        no_pairs(out)
+    }
+}
+
+/// [`SparseEncode::decode_pairs`] of a sparse form whose payloads do not give its pairs back:
+/// `out` emptied, and an `InvalidField` error naming the codec.
+pub(crate) fn no_pairs(out: &mut SparseGrad) -> Result<(), DecodeError> {
+    out.clear();
+    Err(DecodeError::InvalidField {
+        field: "codec",
+        reason: "its payloads do not give its sparse pairs back",
+    })
 }
 
 /// Scalars that every rank must agree on before encoding (TernGrad's shared max, one per
@@ -454,6 +491,20 @@ impl SparseGrad {
             "{codec} indices are u32: {n} elements is too many"
         );
         self.clear();
+    }
+
+    /// Empties both vectors for pairs read back from a payload of `n` elements
+    /// ([`SparseEncode::decode_pairs`]): an error where `n` does not fit the `u32` indices
+    /// (no sparse encode takes such a gradient, see [`SparseGrad::start`]).
+    pub(crate) fn start_pairs(&mut self, n: usize) -> Result<(), DecodeError> {
+        self.clear();
+        if n > u32::MAX as usize {
+            return Err(DecodeError::InvalidField {
+                field: "n",
+                reason: "more elements than u32 indices address",
+            });
+        }
+        Ok(())
     }
 }
 

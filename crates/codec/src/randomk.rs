@@ -100,6 +100,52 @@ fn draw(key: u64, n: usize, k: usize, out: &mut Vec<u32>) {
     out.sort_unstable();
 }
 
+/// A validated random-k payload: the key its indices are drawn from, `k`, the scale and the
+/// `k` raw values.
+struct Payload<'a> {
+    key: u64,
+    k: usize,
+    scale: f32,
+    values: &'a [u8],
+}
+
+impl<'a> Payload<'a> {
+    /// Checks every field of `payload` (for `n` elements) and its exact length.
+    fn parse(payload: &'a [u8], n: usize) -> Result<Self, DecodeError> {
+        crate::Header::check(payload, CodecId::RandomK, n)?;
+        let key = read_u64(payload, HEADER_LEN)?;
+        let k = read_u64(payload, HEADER_LEN + 8)?;
+        let scale = read_f32(payload, HEADER_LEN + 16)?;
+        if k > n as u64 {
+            return Err(DecodeError::InvalidField {
+                field: "k",
+                reason: "more values than elements",
+            });
+        }
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(DecodeError::InvalidField {
+                field: "scale",
+                reason: "not a finite positive number",
+            });
+        }
+        let k = k as usize;
+        check_len(HEADER_LEN + 20 + 4 * k, payload.len())?;
+        Ok(Payload {
+            key,
+            k,
+            scale,
+            values: &payload[HEADER_LEN + 20..],
+        })
+    }
+
+    /// The `k` raw values, in increasing index order.
+    fn values(&self) -> impl Iterator<Item = f32> + '_ {
+        self.values
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    }
+}
+
 impl RandomK {
     /// A random-k codec; only `ctx.seed` matters (the same on every rank).
     pub fn new(cfg: RandomKConfig, ctx: &BuildContext) -> Self {
@@ -175,29 +221,11 @@ impl Codec for RandomK {
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
         let n = acc.len();
-        crate::Header::check(payload, CodecId::RandomK, n)?;
-        let key = read_u64(payload, HEADER_LEN)?;
-        let k = read_u64(payload, HEADER_LEN + 8)?;
-        let scale = read_f32(payload, HEADER_LEN + 16)?;
-        if k > n as u64 {
-            return Err(DecodeError::InvalidField {
-                field: "k",
-                reason: "more values than elements",
-            });
-        }
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(DecodeError::InvalidField {
-                field: "scale",
-                reason: "not a finite positive number",
-            });
-        }
-        let k = k as usize;
-        check_len(HEADER_LEN + 20 + 4 * k, payload.len())?;
+        let p = Payload::parse(payload, n)?;
         let mut idx = Vec::new();
-        draw(key, n, k, &mut idx);
-        let vals = &payload[HEADER_LEN + 20..];
-        for (&i, c) in idx.iter().zip(vals.chunks_exact(4)) {
-            acc[i as usize] += scale * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        draw(p.key, n, p.k, &mut idx);
+        for (&i, v) in idx.iter().zip(p.values()) {
+            acc[i as usize] += p.scale * v;
         }
         Ok(())
     }
@@ -248,6 +276,26 @@ impl SparseEncode for RandomK {
                 *v *= scale;
             }
         }
+    }
+
+    /// The indices drawn from the payload's key, as the decoder draws them (so a kept 0.0
+    /// keeps its index), and the raw values times the payload's scale where it is not 1, as
+    /// `encode_sparse` scales them.
+    fn decode_pairs(
+        &mut self,
+        payload: &[u8],
+        n: usize,
+        out: &mut SparseGrad,
+    ) -> Result<(), DecodeError> {
+        out.start_pairs(n)?;
+        let p = Payload::parse(payload, n)?;
+        draw(p.key, n, p.k, &mut out.indices);
+        out.values.reserve_exact(p.k);
+        out.values.extend(
+            p.values()
+                .map(|v| if p.scale != 1.0 { v * p.scale } else { v }),
+        );
+        Ok(())
     }
 }
 

@@ -76,6 +76,58 @@ impl fmt::Display for ThresholdConfig {
     }
 }
 
+/// A validated threshold payload: `tau` and its words (indices checked: strictly increasing,
+/// below the element count).
+struct Words<'a> {
+    tau: f32,
+    width: usize,
+    count: usize,
+    words: &'a [u8],
+}
+
+impl<'a> Words<'a> {
+    /// Checks every field of `payload` (for `n` elements) and every word's index.
+    fn parse(payload: &'a [u8], n: usize) -> Result<Self, DecodeError> {
+        Header::check(payload, CodecId::Threshold, n)?;
+        let tau = read_f32(payload, HEADER_LEN)?;
+        if !(tau.is_finite() && tau > 0.0) {
+            return Err(DecodeError::InvalidField {
+                field: "tau",
+                reason: "not a finite positive number",
+            });
+        }
+        let count = read_u64(payload, HEADER_LEN + 4)?;
+        if count > n as u64 {
+            return Err(DecodeError::InvalidField {
+                field: "count",
+                reason: "more words than elements",
+            });
+        }
+        let (width, count) = (word_bytes(n), count as usize);
+        check_len(HEADER_LEN + 12 + width * count, payload.len())?;
+        let words = &payload[HEADER_LEN + 12..];
+        let mut next = 0u64;
+        for j in 0..count {
+            next = check_next(index_of(word_at(words, width, j)), next, n)?;
+        }
+        Ok(Words {
+            tau,
+            width,
+            count,
+            words,
+        })
+    }
+
+    /// Each word's index and value (`tau` or `-tau` as its sign says), in order.
+    fn pairs(&self) -> impl Iterator<Item = (usize, f32)> + '_ {
+        (0..self.count).map(|j| {
+            let x = word_at(self.words, self.width, j);
+            let v = if is_negative(x) { -self.tau } else { self.tau };
+            (index_of(x) as usize, v)
+        })
+    }
+}
+
 /// Strom's threshold codec (with its residual).
 #[derive(Debug)]
 pub struct Threshold {
@@ -144,32 +196,9 @@ impl Codec for Threshold {
     }
 
     fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<(), DecodeError> {
-        let n = acc.len();
-        Header::check(payload, CodecId::Threshold, n)?;
-        let tau = read_f32(payload, HEADER_LEN)?;
-        if !(tau.is_finite() && tau > 0.0) {
-            return Err(DecodeError::InvalidField {
-                field: "tau",
-                reason: "not a finite positive number",
-            });
-        }
-        let count = read_u64(payload, HEADER_LEN + 4)?;
-        if count > n as u64 {
-            return Err(DecodeError::InvalidField {
-                field: "count",
-                reason: "more words than elements",
-            });
-        }
-        let (w, count) = (word_bytes(n), count as usize);
-        check_len(HEADER_LEN + 12 + w * count, payload.len())?;
-        let words = &payload[HEADER_LEN + 12..];
-        let mut next = 0u64;
-        for j in 0..count {
-            next = check_next(index_of(word_at(words, w, j)), next, n)?;
-        }
-        for j in 0..count {
-            let x = word_at(words, w, j);
-            acc[index_of(x) as usize] += if is_negative(x) { -tau } else { tau };
+        let words = Words::parse(payload, acc.len())?;
+        for (index, v) in words.pairs() {
+            acc[index] += v;
         }
         Ok(())
     }
@@ -200,6 +229,26 @@ impl Codec for Threshold {
 impl SparseEncode for Threshold {
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         self.select(grad, out);
+    }
+
+    /// The payload's words as pairs: `encode_sparse` gives `tau` with the residual's sign,
+    /// which is what a word's sign bit says.
+    fn decode_pairs(
+        &mut self,
+        payload: &[u8],
+        n: usize,
+        out: &mut SparseGrad,
+    ) -> Result<(), DecodeError> {
+        out.start_pairs(n)?;
+        let words = Words::parse(payload, n)?;
+        out.indices.reserve_exact(words.count);
+        out.values.reserve_exact(words.count);
+        for (index, v) in words.pairs() {
+            // Below `n`, which fits u32 (`start_pairs`).
+            out.indices.push(index as u32);
+            out.values.push(v);
+        }
+        Ok(())
     }
 }
 

@@ -55,8 +55,9 @@
 use std::fmt;
 
 use crate::sparse::{
-    decode_sparse_add, exact_topk, finish_sampled, fit, k_for, load_rng_residual,
-    save_rng_residual, scan_above, scan_add_into, write_selection, ThresholdEstimate, ValueFormat,
+    decode_sparse_add, decode_sparse_pairs, exact_topk, finish_sampled, fit, k_for,
+    load_rng_residual, save_rng_residual, scan_above, scan_add_into, write_selection,
+    ThresholdEstimate, ValueFormat,
 };
 use crate::{
     segments, BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params,
@@ -325,6 +326,15 @@ impl Codec for TopK {
 impl SparseEncode for TopK {
     fn encode_sparse(&mut self, grad: &[f32], out: &mut SparseGrad) {
         self.select(grad, out);
+    }
+
+    fn decode_pairs(
+        &mut self,
+        payload: &[u8],
+        n: usize,
+        out: &mut SparseGrad,
+    ) -> Result<(), DecodeError> {
+        decode_sparse_pairs(payload, CodecId::TopK, n, out)
     }
 }
 

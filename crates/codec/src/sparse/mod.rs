@@ -1,27 +1,34 @@
 //! Shared machinery of the sparsifying codecs (top-k, DGC, random-k, threshold, adaptive),
 //! one concept a file:
 //! - [`select`]: magnitude keys, fused scans, sampled thresholds, exact top-k cuts;
-//! - [`wire`]: the (index, value) payload of top-k and DGC and its value formats;
+//! - [`wire`]: the (index, value) payload of top-k and DGC, its value formats, its writer
+//!   and its one reader (added into a gradient or read back as pairs);
 //! - [`words`]: the signed index words of threshold and adaptive quantization;
 //! - [`residual`]: the residual each of them owns (sized, saved, restored);
-//! - [`bytes`]: bounds-checked little-endian readers for their decoders.
+//! - [`bytes`]: bounds-checked little-endian readers for their decoders;
+//! - `pairs` (tests and fuzzing): the checks of their `decode_pairs` against their own
+//!   `decode_add` and `encode_sparse`.
 //!
 //! The items are re-exported here, so codecs name them `crate::sparse::...`.
 
 mod bytes;
+#[cfg(any(test, fuzzing))]
+mod pairs;
 mod residual;
 mod select;
 mod wire;
 mod words;
 
 pub(crate) use bytes::{check_len, read_f32, read_u32, read_u64};
+#[cfg(fuzzing)]
+pub use pairs::fuzz_decode_pairs;
 pub(crate) use residual::{fit, load_rng_residual, save_rng_residual};
 pub use select::ThresholdEstimate;
 pub(crate) use select::{
     cut_to_k, exact_topk, finish_sampled, k_for, key, scan_above, scan_add_into, step_key,
 };
 pub use wire::ValueFormat;
-pub(crate) use wire::{decode_sparse_add, write_selection};
+pub(crate) use wire::{decode_sparse_add, decode_sparse_pairs, write_selection};
 #[cfg(test)]
 pub(crate) use wire::{index_bytes, SPARSE_PREFIX};
 pub(crate) use words::{check_next, index_of, is_negative, put_words, word_at, word_bytes};

@@ -14,7 +14,8 @@
 //!           delta: LEB128 varints (1..5 bytes): first index, then (index - previous - 1)
 //! ```
 //! The writer picks whichever index coding is shorter. Decoders check every field and the
-//! exact length before touching the accumulator, so a bad payload leaves it unchanged.
+//! exact length before touching the accumulator, so a bad payload leaves it unchanged. The
+//! same reader gives the payload back as its pairs ([`decode_sparse_pairs`]).
 
 use half::f16;
 
@@ -317,6 +318,29 @@ pub(crate) fn decode_sparse_add(
     let view = parse_sparse(payload, codec, n)?;
     view.for_each_index(n, |_, _| {})?;
     view.for_each_index(n, |j, i| acc[i] += view.value(j))
+}
+
+/// Reads a sparse payload of `codec` for `n` elements into its pairs (`out`, emptied first):
+/// the indices and the values as `decode_sparse_add` would add them (f16 widened as it
+/// widens them), so the pairs of the selection the payload was written from, bit for bit
+/// (the writer's values are already rounded to the payload's format). Validates everything
+/// first: on error `out` is empty.
+pub(crate) fn decode_sparse_pairs(
+    payload: &[u8],
+    codec: CodecId,
+    n: usize,
+    out: &mut SparseGrad,
+) -> Result<(), DecodeError> {
+    out.start_pairs(n)?;
+    let view = parse_sparse(payload, codec, n)?;
+    view.for_each_index(n, |_, _| {})?;
+    out.indices.reserve_exact(view.nnz);
+    out.values.reserve_exact(view.nnz);
+    // Indices are below `n`, which fits u32 (`start_pairs`).
+    view.for_each_index(n, |j, i| {
+        out.indices.push(i as u32);
+        out.values.push(view.value(j));
+    })
 }
 
 #[cfg(test)]

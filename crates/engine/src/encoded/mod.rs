@@ -17,7 +17,7 @@ pub use pairs::fuzz_encoded_pairs;
 
 use std::sync::Mutex;
 
-use gradwire_codec::{BuildContext, Codec, CodecConfig, CodecId, Header, SparseGrad};
+use gradwire_codec::{BuildContext, Codec, CodecConfig, Header, SparseGrad};
 
 use crate::config::{EngineConfig, Policy, Strategy};
 use crate::error::{EncodedRefusal, Error};
@@ -53,14 +53,6 @@ pub(crate) struct Table {
     entries: Vec<Entry>,
 }
 
-/// Whether the pairs of `id`'s sparse payload can be read back exactly ([`pairs`]).
-fn pairs_readable(id: CodecId) -> bool {
-    matches!(
-        id,
-        CodecId::TopK | CodecId::Dgc | CodecId::Threshold | CodecId::RandomK
-    )
-}
-
 /// Why registered tensor `index` (policy `p`, of `units`' selection units) takes no
 /// payloads, if it does not.
 fn refusal(
@@ -81,7 +73,7 @@ fn refusal(
     if cfg.momentum.is_some() {
         return Some(EncodedRefusal::Momentum);
     }
-    if p.strategy == Strategy::Sparse && !pairs_readable(p.codec.id()) {
+    if p.strategy == Strategy::Sparse && !p.codec.sparsifies() {
         return Some(EncodedRefusal::Unsupported(p.codec.to_string()));
     }
     None
@@ -119,7 +111,7 @@ impl Table {
         let mut checker = lock(&e.checker);
         let checker = checker.get_or_insert_with(|| cfg.build(ctx));
         if e.sparse {
-            let pairs = pairs::read_pairs(&**checker, payload, &mut data)?;
+            let pairs = pairs::read_pairs(&mut **checker, &payload, e.len)?;
             Ok((data, Encoded::Pairs(pairs)))
         } else {
             // The whole body, as every rank's decoder will read it in the round.
@@ -156,17 +148,17 @@ impl Engine {
     /// them at once), not a codec that agrees on scalars in the round before it encodes
     /// (TernGrad's shared max), and not with [`EngineConfig::momentum`] on (the correction
     /// runs on the dense data before the encode). Under `sparse` the payload is read back as
-    /// the exact (index, value) pairs the codec's `encode_sparse` selects (top-k, DGC,
-    /// threshold and random-k all write payloads that give them back; another sparse codec
-    /// would be refused with [`EncodedRefusal::Unsupported`]). Anything else, and a payload
-    /// that is not the tensor's codec's for its length (header or body, checked whole
-    /// before it is queued), fails the handle at once with [`Error::EncodedRefused`] naming
-    /// the tensor and the reason ([`EncodedRefusal`]); nothing is queued and the engine
-    /// stays usable. A payload that passes is one every rank's decoder reads, so no round
-    /// fails on it. A refused submission is one this rank has not made: the other ranks
-    /// wait for it as for any tensor this rank has not submitted (resubmit, with a payload
-    /// or with [`Engine::all_reduce`]; otherwise the stall inspector and the shutdown name
-    /// this rank as missing).
+    /// the exact (index, value) pairs the codec's `encode_sparse` selects, by the codec's
+    /// own reader (`SparseEncode::decode_pairs`: top-k, DGC, threshold and random-k; a codec
+    /// without a sparse form is refused with [`EncodedRefusal::Unsupported`]). Anything else,
+    /// and a payload that is not the tensor's codec's for its length (header or body,
+    /// checked whole before it is queued), fails the handle at once with
+    /// [`Error::EncodedRefused`] naming the tensor and the reason ([`EncodedRefusal`]);
+    /// nothing is queued and the engine stays usable. A payload that passes is one every
+    /// rank's decoder reads, so no round fails on it. A refused submission is one this rank
+    /// has not made: the other ranks wait for it as for any tensor this rank has not
+    /// submitted (resubmit, with a payload or with [`Engine::all_reduce`]; otherwise the
+    /// stall inspector and the shutdown name this rank as missing).
     ///
     /// The codec's state lives in the caller's codec: the engine's own codec for the tensor
     /// does not encode this submission and does not advance (residuals, momenta, RNG
