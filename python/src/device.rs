@@ -21,11 +21,12 @@ use gradwire_engine::Engine;
 use gradwire_gpu::device::Device;
 use gradwire_gpu::staged::cuda::CudaApi;
 use gradwire_gpu::staged::device_codecs::DeviceCodecs;
-use gradwire_gpu::staged::{Stager, StagerStats};
+use gradwire_gpu::staged::{Staged, Stager, StagerStats};
 use pyo3::exceptions::PyValueError;
 use pyo3::PyResult;
 
-use crate::error::GradwireError;
+use crate::error::{raise_in, GradwireError};
+use crate::handle::Handle;
 
 /// The stager of the running engine, made when the first CUDA tensor arrives.
 #[derive(Default)]
@@ -46,7 +47,7 @@ impl Devices {
     }
 
     /// The stager for `engine` on GPU `ordinal`, made on first use.
-    pub fn stager(&self, engine: &Arc<Engine>, ordinal: usize) -> PyResult<Arc<Stager<CudaApi>>> {
+    fn stager(&self, engine: &Arc<Engine>, ordinal: usize) -> PyResult<Arc<Stager<CudaApi>>> {
         let key = Arc::as_ptr(engine) as usize;
         let mut cur = self.lock();
         if let Some(c) = &*cur {
@@ -75,6 +76,20 @@ impl Devices {
             stager: stager.clone(),
         });
         Ok(stager)
+    }
+
+    /// Submits CUDA tensor `name` of GPU `device` to `engine` with `submit` (the stager's
+    /// all-reduce or broadcast), as a handle; errors name the tensor.
+    pub fn submit(
+        &self,
+        engine: &Arc<Engine>,
+        name: &str,
+        device: usize,
+        submit: impl FnOnce(&Stager<CudaApi>) -> gradwire_gpu::Result<Staged<CudaApi>>,
+    ) -> PyResult<Handle> {
+        let stager = self.stager(engine, device)?;
+        let staged = submit(&stager).map_err(|e| raise_in(&format!("tensor {name:?}"), &e))?;
+        Ok(Handle::device(staged))
     }
 
     /// What the stager moved to the host so far (zeros before the first CUDA tensor).

@@ -453,20 +453,12 @@ impl Runtime {
         prescale: f32,
     ) -> PyResult<Handle> {
         let engine = self.engine(py)?;
-        let stager = self.devices.stager(&engine, device)?;
+        let (ptr, stream) = (DevicePtr(addr as u64), RawStream(stream as u64));
         // SAFETY: the Python side passes a live contiguous float32 CUDA tensor of `numel`
         // on `device` and keeps it referenced, unwritten, until the handle is waited on.
-        let staged = unsafe {
-            stager.all_reduce(
-                name,
-                DevicePtr(addr as u64),
-                numel,
-                RawStream(stream as u64),
-                prescale,
-            )
-        }
-        .map_err(|e| raise_in(&format!("tensor {name:?}"), &e))?;
-        Ok(Handle::device(staged))
+        self.devices.submit(&engine, name, device, |st| unsafe {
+            st.all_reduce(name, ptr, numel, stream, prescale)
+        })
     }
 
     /// [`Runtime::broadcast`] of a CUDA tensor (as in [`Runtime::allreduce_device`]).
@@ -488,19 +480,11 @@ impl Runtime {
             )));
         }
         let engine = self.engine(py)?;
-        let stager = self.devices.stager(&engine, device)?;
+        let (ptr, stream) = (DevicePtr(addr as u64), RawStream(stream as u64));
         // SAFETY: as in `allreduce_device`.
-        let staged = unsafe {
-            stager.broadcast(
-                name,
-                DevicePtr(addr as u64),
-                numel,
-                RawStream(stream as u64),
-                root,
-            )
-        }
-        .map_err(|e| raise_in(&format!("tensor {name:?}"), &e))?;
-        Ok(Handle::device(staged))
+        self.devices.submit(&engine, name, device, |st| unsafe {
+            st.broadcast(name, ptr, numel, stream, root)
+        })
     }
 
     /// Submits the concatenation in rank order of every rank's `numel` floats at `addr`.

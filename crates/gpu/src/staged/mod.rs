@@ -206,7 +206,7 @@ impl<A: StreamApi> Stager<A> {
 
     fn start(api: A, engine: Arc<Engine>, encoder: Option<Shared<A>>) -> Result<Self> {
         let api = Arc::new(api);
-        let pool = Arc::new(Mutex::new(Pool::new()));
+        let pool = Arc::new(Mutex::new(Pool::new(api.clone())));
         let stats = Arc::new(Mutex::new(StagerStats::default()));
         let (tx, rx) = channel::<Job<A>>();
         let ctx = Worker {
@@ -318,14 +318,14 @@ impl<A: StreamApi> Stager<A> {
                 return self.send(name.clone(), len, job, rx);
             }
         }
-        let mut buf = lock(&self.pool).take(&*self.api, len)?;
+        let mut buf = lock(&self.pool).take(len)?;
         // SAFETY: `src` is the caller's; `buf` came from the pool, so no copy uses it, and
         // it goes to the stager's thread, which waits for `copied` before touching it.
         let copied = unsafe { self.api.copy_down(stream, src, &mut buf, len) };
         let copied = match copied {
             Ok(e) => e,
             Err(e) => {
-                lock(&self.pool).give(&*self.api, buf, None);
+                lock(&self.pool).give(buf, None);
                 return Err(e);
             }
         };
@@ -370,7 +370,7 @@ impl<A: StreamApi> Drop for Stager<A> {
             let _ = t.join();
         }
         // Pinned buffers still tagged with a copy up are waited for before they are freed.
-        lock(&self.pool).drain(&*self.api);
+        lock(&self.pool).drain();
     }
 }
 
@@ -433,7 +433,7 @@ impl<A: StreamApi> Worker<A> {
         } else {
             host[..len].iter().map(|v| v * prescale).collect()
         };
-        lock(&self.pool).give(&*self.api, buf, None);
+        lock(&self.pool).give(buf, None);
         {
             let mut st = lock(&self.stats);
             st.staged += 1;
@@ -559,7 +559,7 @@ impl<A: StreamApi> Staged<A> {
                 got: data.len(),
             });
         }
-        let mut buf = lock(&pool).take(&*api, len)?;
+        let mut buf = lock(&pool).take(len)?;
         {
             // SAFETY: a buffer from the pool has no copy in flight.
             let host = unsafe { A::host_mut(&mut buf) };
@@ -576,11 +576,11 @@ impl<A: StreamApi> Staged<A> {
         let up = unsafe { api.copy_up(stream, &buf, dst, len) };
         match up {
             Ok(e) => {
-                lock(&pool).give(&*api, buf, Some(e));
+                lock(&pool).give(buf, Some(e));
                 Ok(())
             }
             Err(e) => {
-                lock(&pool).give(&*api, buf, None);
+                lock(&pool).give(buf, None);
                 Err(e)
             }
         }

@@ -6,7 +6,10 @@
 //! device. [`Pool::take`] picks the smallest free buffer that fits and allocates one when
 //! none does; at most [`KEEP`] buffers stay in the pool (beyond that, the returned buffer
 //! whose copy is done, or else the oldest after waiting for its copy, is freed), so memory
-//! stays bounded by the largest burst of tensors in flight.
+//! stays bounded by the largest burst of tensors in flight. Dropping the pool waits for the
+//! copies still using its buffers before freeing them.
+
+use std::sync::Arc;
 
 use super::StreamApi;
 use crate::error::Result;
@@ -20,22 +23,24 @@ struct Entry<A: StreamApi> {
     busy: Option<A::Event>,
 }
 
-/// Free pinned buffers.
+/// Free pinned buffers of one device.
 pub struct Pool<A: StreamApi> {
+    api: Arc<A>,
     free: Vec<Entry<A>>,
     allocated: usize,
 }
 
-impl<A: StreamApi> Default for Pool<A> {
-    fn default() -> Self {
-        Pool::new()
+impl<A: StreamApi> Drop for Pool<A> {
+    fn drop(&mut self) {
+        self.drain();
     }
 }
 
 impl<A: StreamApi> Pool<A> {
-    /// An empty pool.
-    pub fn new() -> Self {
+    /// An empty pool of `api`'s buffers.
+    pub fn new(api: Arc<A>) -> Self {
         Pool {
+            api,
             free: Vec::new(),
             allocated: 0,
         }
@@ -58,7 +63,7 @@ impl<A: StreamApi> Pool<A> {
 
     /// The smallest free buffer of at least `len` floats whose last copy is done, or a new
     /// one of `len` floats.
-    pub fn take(&mut self, api: &A, len: usize) -> Result<A::Pinned> {
+    pub fn take(&mut self, len: usize) -> Result<A::Pinned> {
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.free.iter().enumerate() {
             let cap = A::pinned_len(&e.buf);
@@ -67,7 +72,7 @@ impl<A: StreamApi> Pool<A> {
             }
             let ready = match &e.busy {
                 None => true,
-                Some(ev) => api.is_done(ev)?,
+                Some(ev) => self.api.is_done(ev)?,
             };
             if ready {
                 best = Some((i, cap));
@@ -76,33 +81,33 @@ impl<A: StreamApi> Pool<A> {
         if let Some((i, _)) = best {
             return Ok(self.free.swap_remove(i).buf);
         }
-        let buf = api.alloc_pinned(len.max(1))?;
+        let buf = self.api.alloc_pinned(len.max(1))?;
         self.allocated += 1;
         Ok(buf)
     }
 
     /// Returns `buf`, in use until `busy` completes (if given).
-    pub fn give(&mut self, api: &A, buf: A::Pinned, busy: Option<A::Event>) {
+    pub fn give(&mut self, buf: A::Pinned, busy: Option<A::Event>) {
         self.free.push(Entry { buf, busy });
         if self.free.len() > KEEP {
             let done = self.free.iter().position(|e| match &e.busy {
                 None => true,
-                Some(ev) => api.is_done(ev).unwrap_or(false),
+                Some(ev) => self.api.is_done(ev).unwrap_or(false),
             });
             let i = done.unwrap_or(0);
             let e = self.free.remove(i);
             if let Some(ev) = &e.busy {
                 // An error here is the device's; the buffer is freed either way.
-                let _ = api.synchronize(ev);
+                let _ = self.api.synchronize(ev);
             }
         }
     }
 
     /// Waits for every pending copy and frees every buffer.
-    pub fn drain(&mut self, api: &A) {
+    pub fn drain(&mut self) {
         for e in self.free.drain(..) {
             if let Some(ev) = &e.busy {
-                let _ = api.synchronize(ev);
+                let _ = self.api.synchronize(ev);
             }
         }
     }

@@ -232,35 +232,35 @@ fn errors_are_typed_and_the_stager_goes_on() {
 fn the_pool_hands_out_only_buffers_whose_copy_is_done_and_the_smallest_that_fits() {
     let sim = Sim::default();
     let s = sim.stream();
-    let mut pool: Pool<Sim> = Pool::new();
-    let big = pool.take(&sim, 100).unwrap();
-    let small = pool.take(&sim, 10).unwrap();
+    let mut pool: Pool<Sim> = Pool::new(Arc::new(sim.clone()));
+    let big = pool.take(100).unwrap();
+    let small = pool.take(10).unwrap();
     assert_eq!(pool.allocated(), 2);
     let gate = sim.hold(s);
     let busy = sim.record(s);
-    pool.give(&sim, big, Some(busy));
-    pool.give(&sim, small, None);
+    pool.give(big, Some(busy));
+    pool.give(small, None);
     // The small one fits 8 and is free.
-    let b = pool.take(&sim, 8).unwrap();
+    let b = pool.take(8).unwrap();
     assert_eq!(Sim::pinned_len(&b), 10);
     // The big one is still in use: a new buffer.
-    let c = pool.take(&sim, 50).unwrap();
+    let c = pool.take(50).unwrap();
     assert_eq!((Sim::pinned_len(&c), pool.allocated()), (50, 3));
     Sim::open(&gate);
     sim.synchronize(&sim.record(s)).unwrap();
     // Now it is done: reused.
-    let d = pool.take(&sim, 60).unwrap();
+    let d = pool.take(60).unwrap();
     assert_eq!((Sim::pinned_len(&d), pool.allocated()), (100, 3));
     for buf in [b, c, d] {
-        pool.give(&sim, buf, None);
+        pool.give(buf, None);
     }
     // The pool keeps at most KEEP buffers.
     for _ in 0..super::pool::KEEP + 5 {
         let buf = sim.alloc_pinned(1).unwrap();
-        pool.give(&sim, buf, None);
+        pool.give(buf, None);
     }
     assert_eq!(pool.len(), super::pool::KEEP);
-    pool.drain(&sim);
+    pool.drain();
     assert!(pool.is_empty());
 }
 
