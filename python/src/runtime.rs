@@ -74,6 +74,17 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// A broadcast root must be a rank of the world.
+    fn check_root(&self, root: usize) -> PyResult<()> {
+        let world = self.world.load(Ordering::Relaxed);
+        if root >= world {
+            return Err(PyValueError::new_err(format!(
+                "root rank {root} is out of range for {world} ranks"
+            )));
+        }
+        Ok(())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -473,12 +484,7 @@ impl Runtime {
         device: usize,
         root: usize,
     ) -> PyResult<Handle> {
-        let world = self.world.load(Ordering::Relaxed);
-        if root >= world {
-            return Err(PyValueError::new_err(format!(
-                "root rank {root} is out of range for {world} ranks"
-            )));
-        }
+        self.check_root(root)?;
         let engine = self.engine(py)?;
         let (ptr, stream) = (DevicePtr(addr as u64), RawStream(stream as u64));
         // SAFETY: as in `allreduce_device`.
@@ -504,12 +510,7 @@ impl Runtime {
         numel: usize,
         root: usize,
     ) -> PyResult<Handle> {
-        let world = self.world.load(Ordering::Relaxed);
-        if root >= world {
-            return Err(PyValueError::new_err(format!(
-                "root rank {root} is out of range for {world} ranks"
-            )));
-        }
+        self.check_root(root)?;
         let engine = self.engine(py)?;
         // SAFETY: as in `allreduce`.
         let data = unsafe { buffer::read(addr, numel, 1.0)? };

@@ -137,7 +137,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"CPU or a CUDA device, this one is {g.dtype} on {g.device}")
         buf = _buffers.Buffer(g)
         h = _buffers.submit_allreduce(self._rt, self._names[p], buf, 1.0 / self._predivide)
-        self._handles[p] = (h, g)
+        self._handles[p] = (h, buf)
 
     def synchronize(self):
         """Waits for every gradient of this step (submitting, as zeros, those of parameters
@@ -150,8 +150,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         last_us = _now()
         scale = self._predivide * (self._rt.size if self._op == Sum else 1.0)
         try:
-            for p, (h, g) in self._handles.items():
-                _buffers.wait_into(h, _buffers.Buffer(g), scale)
+            for h, buf in self._handles.values():
+                _buffers.wait_into(h, buf, scale)
         finally:
             if self._first_hook_us is not None:
                 self._rt.record_span("backward", "backward", self._first_hook_us, last_us)

@@ -48,6 +48,8 @@ pub mod pool;
 mod sim;
 #[cfg(test)]
 mod tests;
+mod ticket;
+mod worker;
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -60,6 +62,9 @@ use gradwire_engine::Engine;
 use crate::error::{Error, Result};
 pub use encoder::{Encoder, StagerStats};
 use pool::Pool;
+pub use ticket::Staged;
+use ticket::{stopped, State};
+use worker::Worker;
 
 /// A device address (a `CUdeviceptr`, or `tensor.data_ptr()` of a CUDA tensor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +135,7 @@ pub trait StreamApi: Send + Sync + 'static {
 
 /// Which collective a staged tensor goes through.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     AllReduce(String),
     Broadcast(String, usize),
 }
@@ -144,7 +149,7 @@ impl Op {
 }
 
 /// Work for the stager's thread, in submission order.
-enum Job<A: StreamApi> {
+pub(crate) enum Job<A: StreamApi> {
     Submit {
         op: Op,
         copied: A::Event,
@@ -165,7 +170,7 @@ enum Job<A: StreamApi> {
 }
 
 /// The encoder and the stager's decision per tensor name (encoded on the device or not).
-type Shared<A> = Arc<Mutex<Box<dyn Encoder<A>>>>;
+pub(crate) type Shared<A> = Arc<Mutex<Box<dyn Encoder<A>>>>;
 
 /// Submits device tensors to an [`Engine`] through pinned host buffers (see the module
 /// doc). Every rank submits the same names, as with the engine itself.
@@ -187,7 +192,7 @@ impl<A: StreamApi> std::fmt::Debug for Stager<A> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -371,218 +376,5 @@ impl<A: StreamApi> Drop for Stager<A> {
         }
         // Pinned buffers still tagged with a copy up are waited for before they are freed.
         lock(&self.pool).drain();
-    }
-}
-
-/// What the stager's thread owns.
-struct Worker<A: StreamApi> {
-    api: Arc<A>,
-    pool: Arc<Mutex<Pool<A>>>,
-    engine: Arc<Engine>,
-    encoder: Option<Shared<A>>,
-    stats: Arc<Mutex<StagerStats>>,
-}
-
-impl<A: StreamApi> Worker<A> {
-    /// Submissions in order, each once its copy down (or its encode) is done.
-    fn run(self, rx: Receiver<Job<A>>) {
-        for job in rx {
-            match job {
-                Job::Flush => self.engine.flush(),
-                Job::Submit {
-                    op,
-                    copied,
-                    buf,
-                    len,
-                    prescale,
-                    reply,
-                } => {
-                    let outcome = self.submit(op, &copied, buf, len, prescale);
-                    // A caller that dropped its ticket no longer wants the handle.
-                    let _ = reply.send(outcome);
-                }
-                Job::Encode {
-                    name,
-                    src,
-                    len,
-                    ready,
-                    progress,
-                    reply,
-                } => {
-                    let outcome = self.encode(&name, src, len, &ready, progress);
-                    let _ = reply.send(outcome);
-                }
-            }
-        }
-    }
-
-    fn submit(
-        &self,
-        op: Op,
-        copied: &A::Event,
-        mut buf: A::Pinned,
-        len: usize,
-        prescale: f32,
-    ) -> Result<gradwire_engine::Handle> {
-        // On an error the copy's state is unknown: the buffer is not reused.
-        self.api.synchronize(copied)?;
-        // SAFETY: the copy down into `buf` has completed, and nothing else has it.
-        let host = unsafe { A::host_mut(&mut buf) };
-        let data: Vec<f32> = if prescale == 1.0 {
-            host[..len].to_vec()
-        } else {
-            host[..len].iter().map(|v| v * prescale).collect()
-        };
-        lock(&self.pool).give(buf, None);
-        {
-            let mut st = lock(&self.stats);
-            st.staged += 1;
-            st.staged_bytes += (len * std::mem::size_of::<f32>()) as u64;
-        }
-        Ok(match op {
-            Op::AllReduce(name) => self.engine.all_reduce(&name, data),
-            Op::Broadcast(name, root) => self.engine.broadcast(&name, data, root),
-        })
-    }
-
-    fn encode(
-        &self,
-        name: &str,
-        src: DevicePtr,
-        len: usize,
-        ready: &A::Event,
-        progress: Progress,
-    ) -> Result<gradwire_engine::Handle> {
-        let enc = self
-            .encoder
-            .as_ref()
-            .ok_or_else(|| Error::Stager("an encode without an encoder".into()))?;
-        let mut payload = Vec::new();
-        // SAFETY: `src` is the submitter's (its contract holds until the handle is waited
-        // on, which is after this), and the encoder waits for `ready` before reading it.
-        unsafe { lock(enc).encode(name, src, len, ready, progress, &mut payload) }?;
-        {
-            let mut st = lock(&self.stats);
-            st.encoded += 1;
-            st.encoded_bytes += (len * std::mem::size_of::<f32>()) as u64;
-            st.payload_bytes += payload.len() as u64;
-        }
-        Ok(self.engine.all_reduce_encoded(name, payload))
-    }
-}
-
-/// Where a staged collective is.
-enum State {
-    /// The stager's thread has not yet handed it to the engine.
-    Submitting(Receiver<Result<gradwire_engine::Handle>>),
-    /// In the engine.
-    Submitted(gradwire_engine::Handle),
-    /// Failed before reaching the engine.
-    Failed(Error),
-}
-
-fn stopped() -> Error {
-    Error::Stager("its thread stopped before submitting".into())
-}
-
-/// A staged collective: [`Staged::test`] never blocks; [`Staged::wait_into`] or
-/// [`Staged::wait_host`] wait for it once.
-pub struct Staged<A: StreamApi> {
-    name: String,
-    len: usize,
-    state: State,
-    api: Arc<A>,
-    pool: Arc<Mutex<Pool<A>>>,
-}
-
-impl<A: StreamApi> std::fmt::Debug for Staged<A> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Staged")
-            .field("name", &self.name)
-            .field("len", &self.len)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<A: StreamApi> Staged<A> {
-    /// The tensor's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Whether the engine's result is ready (or the operation failed); never blocks.
-    pub fn test(&mut self) -> bool {
-        if let State::Submitting(rx) = &self.state {
-            self.state = match rx.try_recv() {
-                Ok(Ok(h)) => State::Submitted(h),
-                Ok(Err(e)) => State::Failed(e),
-                Err(std::sync::mpsc::TryRecvError::Empty) => return false,
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => State::Failed(stopped()),
-            };
-        }
-        match &self.state {
-            State::Submitted(h) => h.test(),
-            _ => true,
-        }
-    }
-
-    /// Waits for the engine's result and returns it on the host.
-    pub fn wait_host(self) -> Result<Vec<f32>> {
-        let h = match self.state {
-            State::Submitting(rx) => rx.recv().unwrap_or_else(|_| Err(stopped()))?,
-            State::Submitted(h) => h,
-            State::Failed(e) => return Err(e),
-        };
-        Ok(h.wait()?)
-    }
-
-    /// Waits for the engine's result (the host blocks here, and only here), then enqueues
-    /// on `stream` its copy, each value multiplied by `scale`, to the `len` floats at `dst`,
-    /// and returns without waiting for the GPU: work queued on `stream` afterwards reads the
-    /// result.
-    ///
-    /// # Safety
-    /// `dst` must address `len` floats on the device that nothing else writes until the
-    /// copy (ordered on `stream`) is done.
-    pub unsafe fn wait_into(
-        self,
-        dst: DevicePtr,
-        len: usize,
-        stream: RawStream,
-        scale: f32,
-    ) -> Result<()> {
-        let (api, pool) = (self.api.clone(), self.pool.clone());
-        let data = self.wait_host()?;
-        if data.len() != len {
-            return Err(Error::Length {
-                want: len,
-                got: data.len(),
-            });
-        }
-        let mut buf = lock(&pool).take(len)?;
-        {
-            // SAFETY: a buffer from the pool has no copy in flight.
-            let host = unsafe { A::host_mut(&mut buf) };
-            if scale == 1.0 {
-                host[..len].copy_from_slice(&data);
-            } else {
-                for (h, v) in host.iter_mut().zip(&data) {
-                    *h = v * scale;
-                }
-            }
-        }
-        // SAFETY: `dst` is the caller's; `buf` is not written again until the copy's event
-        // completes (the pool holds it until then).
-        let up = unsafe { api.copy_up(stream, &buf, dst, len) };
-        match up {
-            Ok(e) => {
-                lock(&pool).give(buf, Some(e));
-                Ok(())
-            }
-            Err(e) => {
-                lock(&pool).give(buf, None);
-                Err(e)
-            }
-        }
     }
 }

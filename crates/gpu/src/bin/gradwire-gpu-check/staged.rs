@@ -131,16 +131,9 @@ fn run(dev: &Device, mode: &'static str, tensors: &[TensorSpec]) -> R<Run> {
         });
         Ok((out, stats, secs))
     })?;
-    let (bits, stats, secs): (Vec<_>, Vec<_>, Vec<_>) = results.into_iter().fold(
-        (Vec::new(), Vec::new(), Vec::new()),
-        |(mut a, mut b, mut c), (x, y, z)| {
-            a.push(x);
-            b.push(y);
-            c.push(z);
-            (a, b, c)
-        },
-    );
-    Ok((bits, stats[0].clone(), secs[0].clone()))
+    let (stats, secs) = (results[0].1.clone(), results[0].2.clone());
+    let bits = results.into_iter().map(|r| r.0).collect();
+    Ok((bits, stats, secs))
 }
 
 pub(crate) fn staged(dev: &Device, quick: bool) -> R<Value> {
