@@ -30,7 +30,7 @@ use rand::seq::index;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::sparse::{check_len, fit, k_for, read_f32, read_u64, step_key};
+use crate::sparse::{check_len, fit, k_for, read_count, read_positive_f32, read_u64, step_key};
 use crate::{
     BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Params, Progress,
     SparseEncode, SparseGrad, StateReader, StateWriter, HEADER_LEN,
@@ -114,21 +114,8 @@ impl<'a> Payload<'a> {
     fn parse(payload: &'a [u8], n: usize) -> Result<Self, DecodeError> {
         crate::Header::check(payload, CodecId::RandomK, n)?;
         let key = read_u64(payload, HEADER_LEN)?;
-        let k = read_u64(payload, HEADER_LEN + 8)?;
-        let scale = read_f32(payload, HEADER_LEN + 16)?;
-        if k > n as u64 {
-            return Err(DecodeError::InvalidField {
-                field: "k",
-                reason: "more values than elements",
-            });
-        }
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(DecodeError::InvalidField {
-                field: "scale",
-                reason: "not a finite positive number",
-            });
-        }
-        let k = k as usize;
+        let k = read_count(payload, HEADER_LEN + 8, n, "k", "more values than elements")?;
+        let scale = read_positive_f32(payload, HEADER_LEN + 16, "scale")?;
         check_len(HEADER_LEN + 20 + 4 * k, payload.len())?;
         Ok(Payload {
             key,

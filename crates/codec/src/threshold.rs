@@ -33,8 +33,8 @@
 use std::fmt;
 
 use crate::sparse::{
-    check_len, check_next, cut_to_k, fit, index_of, is_negative, k_for, key, put_words, read_f32,
-    read_u64, scan_add_into, word_at, word_bytes,
+    check_len, check_next, cut_to_k, fit, index_of, is_negative, k_for, key, put_words, read_count,
+    read_positive_f32, scan_add_into, word_at, word_bytes,
 };
 use crate::{
     BuildContext, Caps, Codec, CodecId, ConfigError, DecodeError, Feedback, Header, Params,
@@ -89,21 +89,15 @@ impl<'a> Words<'a> {
     /// Checks every field of `payload` (for `n` elements) and every word's index.
     fn parse(payload: &'a [u8], n: usize) -> Result<Self, DecodeError> {
         Header::check(payload, CodecId::Threshold, n)?;
-        let tau = read_f32(payload, HEADER_LEN)?;
-        if !(tau.is_finite() && tau > 0.0) {
-            return Err(DecodeError::InvalidField {
-                field: "tau",
-                reason: "not a finite positive number",
-            });
-        }
-        let count = read_u64(payload, HEADER_LEN + 4)?;
-        if count > n as u64 {
-            return Err(DecodeError::InvalidField {
-                field: "count",
-                reason: "more words than elements",
-            });
-        }
-        let (width, count) = (word_bytes(n), count as usize);
+        let tau = read_positive_f32(payload, HEADER_LEN, "tau")?;
+        let count = read_count(
+            payload,
+            HEADER_LEN + 4,
+            n,
+            "count",
+            "more words than elements",
+        )?;
+        let width = word_bytes(n);
         check_len(HEADER_LEN + 12 + width * count, payload.len())?;
         let words = &payload[HEADER_LEN + 12..];
         let mut next = 0u64;

@@ -33,6 +33,35 @@ pub(crate) fn read_f32(b: &[u8], at: usize) -> Result<f32, DecodeError> {
     read_u32(b, at).map(f32::from_bits)
 }
 
+/// Reads a little-endian u64 count at `at` that may not exceed `n` (the element count):
+/// `InvalidField { field, reason }` where it does, `Truncated` where the buffer is short.
+pub(crate) fn read_count(
+    b: &[u8],
+    at: usize,
+    n: usize,
+    field: &'static str,
+    reason: &'static str,
+) -> Result<usize, DecodeError> {
+    match read_u64(b, at)? {
+        c if c > n as u64 => Err(invalid(field, reason)),
+        c => Ok(c as usize),
+    }
+}
+
+/// Reads a little-endian f32 at `at` that must be finite and positive (a scale or a
+/// threshold): `InvalidField { field, .. }` where it is not, `Truncated` where the buffer is
+/// short.
+pub(crate) fn read_positive_f32(
+    b: &[u8],
+    at: usize,
+    field: &'static str,
+) -> Result<f32, DecodeError> {
+    match read_f32(b, at)? {
+        v if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(invalid(field, "not a finite positive number")),
+    }
+}
+
 /// Checks that a payload of `total` bytes is exactly `need` long.
 pub(crate) fn check_len(need: usize, total: usize) -> Result<(), DecodeError> {
     if total < need {

@@ -19,7 +19,7 @@ mod select;
 mod wire;
 mod words;
 
-pub(crate) use bytes::{check_len, read_f32, read_u32, read_u64};
+pub(crate) use bytes::{check_len, read_count, read_f32, read_positive_f32, read_u32, read_u64};
 #[cfg(fuzzing)]
 pub use pairs::fuzz_decode_pairs;
 pub(crate) use residual::{fit, load_rng_residual, save_rng_residual};

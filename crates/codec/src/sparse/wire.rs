@@ -19,7 +19,7 @@
 
 use half::f16;
 
-use super::bytes::{check_len, invalid, read_u64};
+use super::bytes::{check_len, invalid, read_count};
 use crate::{CodecId, DecodeError, Header, SparseGrad, HEADER_LEN};
 
 /// How the values of a sparse payload travel.
@@ -279,11 +279,13 @@ fn parse_sparse(payload: &[u8], codec: CodecId, n: usize) -> Result<SparseView<'
     if payload[HEADER_LEN + 2] != 0 || payload[HEADER_LEN + 3] != 0 {
         return Err(invalid("reserved", "must be zero"));
     }
-    let nnz = read_u64(payload, HEADER_LEN + 4)?;
-    if nnz > n as u64 {
-        return Err(invalid("nnz", "more pairs than elements"));
-    }
-    let nnz = nnz as usize;
+    let nnz = read_count(
+        payload,
+        HEADER_LEN + 4,
+        n,
+        "nnz",
+        "more pairs than elements",
+    )?;
     let vend = SPARSE_PREFIX + nnz * vf.bytes();
     if payload.len() < vend {
         return Err(DecodeError::Truncated {
